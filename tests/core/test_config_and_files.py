@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import pytest
+
+from tpu_pipeline import UserError
+from tpu_pipeline.config import load
+from tpu_pipeline.files import atomic_write_json, sha256_file, staged_dir
+from tpu_pipeline.registry import Registry
+
+
+@dataclasses.dataclass(kw_only=True)
+class Opt:
+    lr: float = 1e-3
+    betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.95])
+
+
+@dataclasses.dataclass(kw_only=True)
+class Cfg:
+    name: str
+    steps: int = 10
+    kind: Literal["a", "b"] = "a"
+    opt: Opt = dataclasses.field(default_factory=Opt)
+
+
+def test_load_toml_with_overrides(tmp_path):
+    p = tmp_path / "r.toml"
+    p.write_text('name = "x"  # the name\nsteps = 5\n[opt]\nlr = 2e-4\n')
+    cfg = load(Cfg, p, {"opt.lr": "3e-4", "kind": "b"})
+    assert cfg == Cfg(name="x", steps=5, kind="b", opt=Opt(lr=3e-4))
+
+
+@pytest.mark.parametrize("data,msg", [
+    ({"name": "x", "stepz": 1}, "unknown key 'stepz'; valid keys: kind, name, opt, steps"),
+    ({"name": "x", "steps": "many"}, "steps: expected an integer, got 'many'"),
+    ({"name": "x", "kind": "c"}, "kind: 'c' is not one of 'a', 'b'"),
+    ({"name": "x", "opt": {"lr": True}}, "opt: lr: expected a number"),
+    ({}, "missing 1 required keyword-only argument: 'name'"),
+])
+def test_bad_config_values(data, msg):
+    with pytest.raises(UserError, match=msg):
+        load(Cfg, data)
+
+
+def test_bad_toml_file(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text("name = \n")
+    with pytest.raises(UserError, match="not valid TOML"):
+        load(Cfg, p)
+
+
+def test_registry():
+    reg = Registry("target")
+    reg.register("ios", 1)
+
+    @reg.register("web")
+    def web():
+        pass
+
+    assert reg.get("ios") == 1 and reg.names() == ["ios", "web"]
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("ios", 2)
+    with pytest.raises(UserError, match="unknown target 'iot'; valid: ios, web"):
+        reg.get("iot")
+
+
+def test_staged_dir_keeps_old_output_on_failure(tmp_path):
+    out = tmp_path / "dist"
+    with staged_dir(out) as d:
+        atomic_write_json(d / "a.json", {"v": 1})
+    with pytest.raises(RuntimeError):
+        with staged_dir(out) as d:
+            (d / "a.json").write_text("half")
+            raise RuntimeError("boom")
+    assert (out / "a.json").read_text().strip().startswith("{")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist"]
+    assert len(sha256_file(out / "a.json")) == 64

@@ -1,0 +1,26 @@
+import json
+
+import click
+
+from ..doctor import diagnose
+
+
+@click.command()
+@click.option("--device", default="auto", show_default=True, help="auto, tpu, cuda or cpu.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def command(device: str, as_json: bool) -> None:
+    """Check the installation and the device this machine offers."""
+    report = diagnose(device)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for name, version in report["versions"].items():
+        click.echo(f"{name:>18}  {version or '-'}")
+    d = report["device"]
+    click.echo(f"{'device':>18}  {d['device']} x{d['count']}: {d['name']} ({d['reason']})")
+    click.echo(f"{'bf16':>18}  {d['bf16']}")
+    click.echo(f"{'compile backend':>18}  {d['compile_backend']}")
+    click.echo(f"{'TPU':>18}  hardware={report['tpu']['hardware_present']} torch-tpu={report['tpu']['torch_tpu_installed']}")
+    click.echo(f"{'CUDA':>18}  {report['gpu']['count']} GPU(s)")
+    click.echo(f"{'Pallas':>18}  {report['pallas']['mode']} (jax backend: {report['pallas']['jax_backend']})")
+    click.echo(report["verdict"])

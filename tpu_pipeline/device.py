@@ -1,0 +1,200 @@
+"""Device runtime: where tensors live, how code compiles, how Pallas runs.
+
+`select_device` picks TPU (through TorchTPU), else CUDA, else CPU, and
+returns a `Platform` that every stage reads instead of asking torch itself.
+`compile` is torch.compile with that platform's backend; `pallas=True` makes
+Inductor emit Pallas kernels (its Pallas code generator) for the graph.
+
+torch is imported lazily so that `import tpu_pipeline` stays cheap and the
+torch-tpu guard in `_tpu_guard` runs first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+from typing import Any, Callable, Iterator
+
+from ._tpu_guard import tpu_hardware_present
+from .errors import UserError
+
+DEVICE_KINDS = ("auto", "tpu", "cuda", "cpu")
+
+# Our names for torch_tpu's eager modes. "strict" is plain eager everywhere.
+EAGER_MODES = {
+    "strict": "DEFER_NEVER",       # run each op as it is issued
+    "fused": "DEFER_AND_FUSE",     # defer ops and fuse them into larger XLA programs
+    "debug": "DEFER_NEVER_AND_LAUNCH_BLOCKING",  # like CUDA_LAUNCH_BLOCKING: errors point at the op
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Platform:
+    kind: str               # "tpu" | "cuda" | "cpu"
+    device: Any             # torch.device
+    count: int              # devices of this kind visible to this process
+    name: str               # human-readable hardware name
+    bf16: bool              # native bfloat16 math (autocast worth using)
+    compile_backend: str    # torch.compile backend: "tpu" on TPU, "inductor" elsewhere
+    pallas: str             # how Pallas kernels run: "mosaic-tpu", "gpu" or "interpret"
+    reason: str             # why this device was chosen
+
+    @property
+    def pallas_interpret(self) -> bool:
+        return self.pallas == "interpret"
+
+    def describe(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["device"] = str(self.device)
+        return d
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def torch_tpu_installed() -> bool:
+    return importlib.util.find_spec("torch_tpu") is not None
+
+
+def _tpu_count(load: bool) -> int:
+    """Number of TPU chips torch sees; imports torch_tpu only when `load`."""
+    if not load or not torch_tpu_installed():
+        return 0
+    torch = _torch()
+    importlib.import_module("torch_tpu")
+    tpu = getattr(torch, "tpu", None)
+    if tpu is None or not tpu.is_available():
+        return 0
+    return int(tpu.device_count())
+
+
+def _cuda_count() -> int:
+    torch = _torch()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def available_devices() -> list[str]:
+    """Device kinds usable here. TPU is probed only on TPU hardware."""
+    kinds = []
+    if tpu_hardware_present() and _tpu_count(load=True):
+        kinds.append("tpu")
+    if _cuda_count():
+        kinds.append("cuda")
+    kinds.append("cpu")
+    return kinds
+
+
+def select_device(kind: str = "auto") -> Platform:
+    kind = (kind or "auto").lower()
+    if kind not in DEVICE_KINDS:
+        raise UserError(f"unknown device {kind!r}; valid: {', '.join(DEVICE_KINDS)}")
+    if kind == "tpu":
+        if not torch_tpu_installed():
+            raise UserError(
+                "device 'tpu' asked for but torch-tpu is not installed "
+                f"(pip install 'tpu-pipeline[tpu]'); available: {', '.join(available_devices())}"
+            )
+        n = _tpu_count(load=True)
+        if not n:
+            raise UserError(f"device 'tpu' asked for but no TPU is visible; available: {', '.join(available_devices())}")
+        return _tpu_platform(n, "asked for --device tpu")
+    if kind == "cuda":
+        n = _cuda_count()
+        if not n:
+            raise UserError(f"device 'cuda' asked for but no CUDA GPU is visible; available: {', '.join(available_devices())}")
+        return _cuda_platform(n, "asked for --device cuda")
+    if kind == "cpu":
+        return _cpu_platform("asked for --device cpu")
+
+    # auto: TPU, then CUDA, then CPU. torch_tpu loads only on TPU hardware:
+    # loaded elsewhere it can hang on a cloud metadata lookup.
+    if torch_tpu_installed():
+        if tpu_hardware_present():
+            n = _tpu_count(load=True)
+            if n:
+                return _tpu_platform(n, f"auto: torch-tpu sees {n} TPU chip(s)")
+            tpu_note = "torch-tpu installed but sees no TPU; "
+        else:
+            tpu_note = "torch-tpu installed but no TPU hardware here (not loaded); "
+    else:
+        tpu_note = "no torch-tpu; "
+    n = _cuda_count()
+    if n:
+        return _cuda_platform(n, f"auto: {tpu_note}{n} CUDA GPU(s) visible")
+    return _cpu_platform(f"auto: {tpu_note}no CUDA GPU; using CPU")
+
+
+def _tpu_platform(count: int, reason: str) -> Platform:
+    torch = _torch()
+    return Platform("tpu", torch.device("tpu"), count, "TPU (TorchTPU)", True, "tpu", "mosaic-tpu", reason)
+
+
+def _cuda_platform(count: int, reason: str) -> Platform:
+    torch = _torch()
+    return Platform(
+        "cuda", torch.device("cuda"), count, torch.cuda.get_device_name(0),
+        bool(torch.cuda.is_bf16_supported()), "inductor", "gpu", reason,
+    )
+
+
+def _cpu_platform(reason: str) -> Platform:
+    import os
+    import platform as pyplatform
+
+    torch = _torch()
+    # bf16 runs on CPU but is emulated on most of them; fp32 is the fast path.
+    return Platform(
+        "cpu", torch.device("cpu"), 1, f"{pyplatform.machine()} CPU ({os.cpu_count()} cores)",
+        False, "inductor", "interpret", reason,
+    )
+
+
+@contextlib.contextmanager
+def eager_mode(mode: str, platform: Platform) -> Iterator[None]:
+    """TorchTPU eager mode for the block: strict, fused or debug.
+
+    Off TPU only "strict" (ordinary eager execution) exists.
+    """
+    if mode not in EAGER_MODES:
+        raise UserError(f"unknown eager mode {mode!r}; valid: {', '.join(EAGER_MODES)}")
+    if platform.kind != "tpu":
+        if mode != "strict":
+            raise UserError(f"eager mode {mode!r} exists only on TPU (device here: {platform.kind}); use 'strict'")
+        yield
+        return
+    # torch_tpu keeps the process-wide mode in this module attribute.
+    execution_mode = importlib.import_module("torch_tpu._internal.execution_mode")
+    wanted = EAGER_MODES[mode]
+    if not hasattr(execution_mode.EagerMode, wanted):
+        have = ", ".join(m for m in dir(execution_mode.EagerMode) if not m.startswith("_"))
+        raise UserError(f"this torch-tpu has no eager mode {wanted}; it has: {have}")
+    previous = execution_mode.eager_mode
+    execution_mode.eager_mode = getattr(execution_mode.EagerMode, wanted)
+    try:
+        yield
+    finally:
+        execution_mode.eager_mode = previous
+
+
+# Inductor config key that selects the code generator for each device kind.
+_PALLAS_CONFIG_KEY = {"cpu": "cpu_backend", "cuda": "cuda_backend", "tpu": "tpu_backend"}
+
+
+def compile(fn: Callable, *, platform: Platform | None = None, pallas: bool = False, **kwargs) -> Callable:
+    """torch.compile with the platform's backend.
+
+    pallas=True: Inductor generates Pallas kernels for the graph (on CPU they
+    run in JAX's interpret mode: a correctness path, not a fast one).
+    """
+    torch = _torch()
+    platform = platform or select_device("auto")
+    if not pallas:
+        return torch.compile(fn, backend=platform.compile_backend, **kwargs)
+    options = dict(kwargs.pop("options", None) or {})
+    options[_PALLAS_CONFIG_KEY[platform.kind]] = "pallas"
+    return torch.compile(fn, backend="inductor", options=options, **kwargs)

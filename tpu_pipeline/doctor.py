@@ -1,0 +1,61 @@
+"""`tpu-pipeline doctor`: what is installed and which device would be used."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform as pyplatform
+import time
+
+PACKAGES = ("torch", "jax", "jaxlib", "litert-torch", "ai-edge-litert", "ai-edge-quantizer",
+            "verl", "transformers", "tflite-micro", "torch-tpu")
+REQUIRED = ("torch", "jax", "jaxlib", "litert-torch", "ai-edge-litert", "verl", "transformers")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def diagnose(device: str = "auto") -> dict:
+    t0 = time.perf_counter()
+    from ._tpu_guard import tpu_hardware_present
+    from .device import select_device
+
+    versions = {"python": pyplatform.python_version(), **{p: _version(p) for p in PACKAGES}}
+    problems = [f"{p} is not installed" for p in REQUIRED if versions[p] is None]
+
+    import torch
+
+    plat = select_device(device)
+    jax_backend = None
+    try:
+        import jax
+
+        jax_backend = jax.default_backend()
+    except Exception as e:  # a broken jaxlib should not hide the rest of the report
+        problems.append(f"jax failed to start: {e}")
+
+    report = {
+        "versions": versions,
+        "device": plat.describe(),
+        "tpu": {
+            "hardware_present": tpu_hardware_present(),
+            "torch_tpu_installed": versions["torch-tpu"] is not None,
+        },
+        "gpu": {"cuda_available": torch.cuda.is_available(), "count": torch.cuda.device_count()},
+        "pallas": {
+            "mode": "interpret" if plat.pallas_interpret else "native",
+            "runs_as": plat.pallas,
+            "jax_backend": jax_backend,
+        },
+        "problems": problems,
+    }
+    pallas = "Pallas in interpret mode" if plat.pallas_interpret else f"Pallas native ({plat.pallas})"
+    report["verdict"] = (
+        f"problems: {'; '.join(problems)}" if problems
+        else f"ok: {plat.kind} ({plat.name}), torch.compile backend {plat.compile_backend}, {pallas}"
+    )
+    report["seconds"] = round(time.perf_counter() - t0, 2)
+    return report

@@ -1,0 +1,47 @@
+"""Recipe files: the TOML configs shipped under train/recipes and rl/recipes.
+
+A recipe is named by its file stem, or given as a path to a copy the user
+edited. Each file has a top-level `description` shown by `tpu-pipeline recipes`.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import tomllib
+from pathlib import Path
+
+from .errors import UserError
+
+STAGES = ("train", "rl")
+
+
+def recipe_dir(stage: str) -> Path:
+    return Path(str(importlib.resources.files(f"tpu_pipeline.{stage}"))) / "recipes"
+
+
+def recipe_names(stage: str) -> list[str]:
+    d = recipe_dir(stage)
+    return sorted(p.stem for p in d.glob("*.toml")) if d.is_dir() else []
+
+
+def find_recipe(stage: str, name: str) -> Path:
+    """A shipped recipe by name, or a user's TOML file by path."""
+    if name.endswith(".toml") or "/" in name:
+        path = Path(name)
+        if not path.is_file():
+            raise UserError(f"recipe file not found: {path}")
+        return path
+    path = recipe_dir(stage) / f"{name}.toml"
+    if not path.is_file():
+        valid = ", ".join(recipe_names(stage)) or "(none yet)"
+        raise UserError(f"unknown {stage} recipe {name!r}; valid: {valid} (or a path to a .toml file)")
+    return path
+
+
+def list_recipes() -> list[dict]:
+    rows = []
+    for stage in STAGES:
+        for name in recipe_names(stage):
+            data = tomllib.loads((recipe_dir(stage) / f"{name}.toml").read_text())
+            rows.append({"stage": stage, "name": name, "description": data.get("description", "")})
+    return rows
