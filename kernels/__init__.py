@@ -1,6 +1,34 @@
-"""tpu_pipeline.kernels (installed from the repository folder `kernels/`)."""
+"""tpu_pipeline.kernels (installed from the repository folder `kernels/`).
+
+Pallas kernels (JAX) for the hot ops of training and of GRPO's loss, with a
+PyTorch bridge: plain torch tensors in and out, autograd through the Pallas
+backward kernels, `torch.compile(fullgraph=True)` traces through them.
+
+    rms_norm(x, weight, eps=1e-6, *, impl="auto")
+    flash_attention(q, k, v, causal=True, sm_scale=None, *, impl="auto")
+    token_logprobs(logits, labels, *, impl="auto")
+    linear_token_logprobs(hidden, weight, labels, *, impl="auto")
+    use_kernels(model, impl)          # a transformers Llama picks them up
+
+impl: "torch" is the plain PyTorch reference; "pallas" forces the kernel
+(interpret mode on CPU, slow: a correctness tool); "auto" runs native Pallas
+when the tensors live on a TPU/GPU that JAX can drive, else torch.
+"""
 
 if __name__ != "tpu_pipeline.kernels":
     # A top-level `kernels` is another PyPI distribution; this folder is only ever
     # tpu_pipeline.kernels (see pyproject's package-dir).
     raise ImportError("import tpu_pipeline.kernels, not a top-level 'kernels'")
+
+from ._api import IMPLS, flash_attention, linear_token_logprobs, rms_norm, token_logprobs  # noqa: E402
+from ._hf import sequence_logprobs, use_kernels  # noqa: E402
+
+__all__ = [
+    "IMPLS",
+    "flash_attention",
+    "linear_token_logprobs",
+    "rms_norm",
+    "sequence_logprobs",
+    "token_logprobs",
+    "use_kernels",
+]
