@@ -1,5 +1,266 @@
-"""PyTorch bridge to the Pallas kernels."""
+"""PyTorch bridge: one torch.library custom op per kernel direction.
 
-from ..errors import NotBuiltError
+Each forward op returns what its backward needs (rstd, log-sum-exp), and
+`register_autograd` wires the Pallas backward op to it, so autograd and
+torch.compile (through the fake implementations) see ordinary ops. Tensors
+cross to JAX and back through DLPack without copies (contiguous inputs); on
+CPU the kernels run in Pallas interpret mode; on a TPU they go through
+torch.tpu.pallas.jax_op (see _tpu.py).
+"""
 
-raise NotBuiltError("kernels impl 'pallas': the Pallas kernels are not built yet; use --kernels torch")
+from __future__ import annotations
+
+import contextlib
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from . import _attention as A
+from . import _logprobs as L
+from . import _rmsnorm as R
+from . import _tpu
+
+_POISON = [False]
+
+# Default block sizes per device kind: the TPU wants 128-row tiles; on GPU and in
+# interpret mode smaller blocks keep registers / interpreter steps in check.
+_BLOCKS = {
+    "tpu": dict(rows=256, q=128, k=128, lp_rows=128, vocab=2048),
+    "cuda": dict(rows=64, q=64, k=64, lp_rows=32, vocab=1024),
+    "cpu": dict(rows=64, q=64, k=64, lp_rows=32, vocab=1024),
+}
+
+
+@contextlib.contextmanager
+def poison_outputs():
+    """Kernels called inside fill their outputs with NaN before running (tests use it
+    to catch blocks a kernel never writes)."""
+    _POISON[0] = True
+    try:
+        yield
+    finally:
+        _POISON[0] = False
+
+
+def _blocks(t: Tensor) -> dict:
+    return _BLOCKS.get(t.device.type, _BLOCKS["cpu"])
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _run(fn, tensors: Sequence[Tensor], **static) -> tuple[Tensor, ...]:
+    import jax
+
+    tensors = [t.detach().contiguous() for t in tensors]
+    if tensors[0].device.type == "tpu":
+        return _tpu.run(fn, tensors, static)
+    x64 = any(t.dtype == torch.float64 for t in tensors)
+    with jax.enable_x64(x64):
+        args = [jax.dlpack.from_dlpack(t) for t in tensors]
+        out = fn(*args, interpret=tensors[0].device.type == "cpu", poison=_POISON[0], **static)
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        return tuple(torch.from_dlpack(o) for o in out)
+
+
+# ---------------------------------------------------------------- rms_norm
+
+@torch.library.custom_op("tpu_pipeline::rms_norm_fwd", mutates_args=())
+def _rms_fwd(x: Tensor, weight: Tensor, eps: float, block_rows: int) -> tuple[Tensor, Tensor]:
+    d = x.shape[-1]
+    y, rstd = _run(R.rms_norm_fwd, [x.reshape(-1, d), weight], eps=eps, block_rows=block_rows)
+    return y.reshape(x.shape), rstd
+
+
+@_rms_fwd.register_fake
+def _(x, weight, eps, block_rows):
+    return torch.empty_like(x), x.new_empty((x.numel() // x.shape[-1], 1), dtype=_acc(x.dtype))
+
+
+@torch.library.custom_op("tpu_pipeline::rms_norm_bwd", mutates_args=())
+def _rms_bwd(x: Tensor, weight: Tensor, rstd: Tensor, dy: Tensor, block_rows: int) -> tuple[Tensor, Tensor]:
+    d = x.shape[-1]
+    dx, dw = _run(R.rms_norm_bwd, [x.reshape(-1, d), weight, rstd, dy.reshape(-1, d)], block_rows=block_rows)
+    return dx.reshape(x.shape), dw
+
+
+@_rms_bwd.register_fake
+def _(x, weight, rstd, dy, block_rows):
+    return torch.empty_like(x), torch.empty_like(weight)
+
+
+def _rms_setup(ctx, inputs, output):
+    x, weight, _eps, block_rows = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.block_rows = block_rows
+    ctx.mark_non_differentiable(output[1])
+
+
+def _rms_backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = _rms_bwd(x, weight, rstd, dy, ctx.block_rows)
+    return dx, dw, None, None
+
+
+torch.library.register_autograd("tpu_pipeline::rms_norm_fwd", _rms_backward, setup_context=_rms_setup)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, block_rows: int | None) -> Tensor:
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
+    return _rms_fwd(x, weight, eps, block_rows or _blocks(x)["rows"])[0]
+
+
+# ---------------------------------------------------------------- flash attention
+
+@torch.library.custom_op("tpu_pipeline::flash_attention_fwd", mutates_args=())
+def _attn_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, block_q: int,
+              block_k: int) -> tuple[Tensor, Tensor]:
+    return _run(A.attention_fwd, [q, k, v], causal=causal, scale=scale, block_q=block_q, block_k=block_k)
+
+
+@_attn_fwd.register_fake
+def _(q, k, v, causal, scale, block_q, block_k):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=_acc(q.dtype))
+
+
+@torch.library.custom_op("tpu_pipeline::flash_attention_bwd", mutates_args=())
+def _attn_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, causal: bool, scale: float,
+              block_q: int, block_k: int) -> tuple[Tensor, Tensor, Tensor]:
+    return _run(A.attention_bwd, [q, k, v, o, lse, do], causal=causal, scale=scale, block_q=block_q,
+                block_k=block_k)
+
+
+@_attn_bwd.register_fake
+def _(q, k, v, o, lse, do, causal, scale, block_q, block_k):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _attn_setup(ctx, inputs, output):
+    q, k, v, causal, scale, block_q, block_k = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.args = (causal, scale, block_q, block_k)
+    ctx.mark_non_differentiable(lse)
+
+
+def _attn_backward(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _attn_bwd(q, k, v, o, lse, do, *ctx.args)
+    return dq, dk, dv, None, None, None, None
+
+
+torch.library.register_autograd("tpu_pipeline::flash_attention_fwd", _attn_backward, setup_context=_attn_setup)
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, block_q: int | None,
+                    block_k: int | None) -> Tensor:
+    b = _blocks(q)
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    return _attn_fwd(q, k, v, causal, scale, block_q or b["q"], block_k or b["k"])[0]
+
+
+# ---------------------------------------------------------------- token log-probs
+
+@torch.library.custom_op("tpu_pipeline::token_logprobs_fwd", mutates_args=())
+def _tl_fwd(logits: Tensor, labels: Tensor, block_rows: int, block_vocab: int) -> tuple[Tensor, Tensor]:
+    v = logits.shape[-1]
+    lp, lse = _run(L.token_logprobs_fwd, [logits.reshape(-1, v), labels.reshape(-1).to(torch.int32)],
+                   block_rows=block_rows, block_vocab=block_vocab)
+    return lp.reshape(labels.shape), lse.reshape(labels.shape)
+
+
+@_tl_fwd.register_fake
+def _(logits, labels, block_rows, block_vocab):
+    acc = _acc(logits.dtype)
+    return logits.new_empty(labels.shape, dtype=acc), logits.new_empty(labels.shape, dtype=acc)
+
+
+@torch.library.custom_op("tpu_pipeline::token_logprobs_bwd", mutates_args=())
+def _tl_bwd(logits: Tensor, labels: Tensor, lse: Tensor, g: Tensor, block_rows: int, block_vocab: int) -> Tensor:
+    v = logits.shape[-1]
+    (dx,) = _run(L.token_logprobs_bwd, [logits.reshape(-1, v), labels.reshape(-1).to(torch.int32),
+                                        lse.reshape(-1), g.reshape(-1).to(lse.dtype)],
+                 block_rows=block_rows, block_vocab=block_vocab)
+    return dx.reshape(logits.shape)
+
+
+@_tl_bwd.register_fake
+def _(logits, labels, lse, g, block_rows, block_vocab):
+    return torch.empty_like(logits)
+
+
+def _tl_setup(ctx, inputs, output):
+    logits, labels, block_rows, block_vocab = inputs
+    ctx.save_for_backward(logits, labels, output[1])
+    ctx.blocks = (block_rows, block_vocab)
+    ctx.mark_non_differentiable(output[1])
+
+
+def _tl_backward(ctx, g, _dlse):
+    logits, labels, lse = ctx.saved_tensors
+    return _tl_bwd(logits, labels, lse, g, *ctx.blocks), None, None, None
+
+
+torch.library.register_autograd("tpu_pipeline::token_logprobs_fwd", _tl_backward, setup_context=_tl_setup)
+
+
+def token_logprobs(logits: Tensor, labels: Tensor, block_rows: int | None, block_vocab: int | None) -> Tensor:
+    b = _blocks(logits)
+    return _tl_fwd(logits, labels, block_rows or b["lp_rows"], block_vocab or b["vocab"])[0]
+
+
+# ---------------------------------------------------------------- fused LM head + log-probs
+
+@torch.library.custom_op("tpu_pipeline::linear_token_logprobs_fwd", mutates_args=())
+def _ltl_fwd(hidden: Tensor, weight: Tensor, labels: Tensor, block_rows: int,
+             block_vocab: int) -> tuple[Tensor, Tensor]:
+    h = hidden.shape[-1]
+    lp, lse = _run(L.linear_token_logprobs_fwd, [hidden.reshape(-1, h), weight, labels.reshape(-1).to(torch.int32)],
+                   block_rows=block_rows, block_vocab=block_vocab)
+    return lp.reshape(labels.shape), lse.reshape(labels.shape)
+
+
+@_ltl_fwd.register_fake
+def _(hidden, weight, labels, block_rows, block_vocab):
+    acc = _acc(hidden.dtype)
+    return hidden.new_empty(labels.shape, dtype=acc), hidden.new_empty(labels.shape, dtype=acc)
+
+
+@torch.library.custom_op("tpu_pipeline::linear_token_logprobs_bwd", mutates_args=())
+def _ltl_bwd(hidden: Tensor, weight: Tensor, labels: Tensor, lse: Tensor, g: Tensor, block_rows: int,
+             block_vocab: int) -> tuple[Tensor, Tensor]:
+    h = hidden.shape[-1]
+    dh, dw = _run(L.linear_token_logprobs_bwd,
+                  [hidden.reshape(-1, h), weight, labels.reshape(-1).to(torch.int32), lse.reshape(-1),
+                   g.reshape(-1).to(lse.dtype)], block_rows=block_rows, block_vocab=block_vocab)
+    return dh.reshape(hidden.shape), dw
+
+
+@_ltl_bwd.register_fake
+def _(hidden, weight, labels, lse, g, block_rows, block_vocab):
+    return torch.empty_like(hidden), torch.empty_like(weight)
+
+
+def _ltl_setup(ctx, inputs, output):
+    hidden, weight, labels, block_rows, block_vocab = inputs
+    ctx.save_for_backward(hidden, weight, labels, output[1])
+    ctx.blocks = (block_rows, block_vocab)
+    ctx.mark_non_differentiable(output[1])
+
+
+def _ltl_backward(ctx, g, _dlse):
+    hidden, weight, labels, lse = ctx.saved_tensors
+    dh, dw = _ltl_bwd(hidden, weight, labels, lse, g, *ctx.blocks)
+    return dh, dw, None, None, None
+
+
+torch.library.register_autograd("tpu_pipeline::linear_token_logprobs_fwd", _ltl_backward, setup_context=_ltl_setup)
+
+
+def linear_token_logprobs(hidden: Tensor, weight: Tensor, labels: Tensor, block_rows: int | None,
+                          block_vocab: int | None) -> Tensor:
+    b = _blocks(hidden)
+    return _ltl_fwd(hidden, weight.to(hidden.dtype), labels, block_rows or b["lp_rows"], block_vocab or b["vocab"])[0]

@@ -1,0 +1,188 @@
+"""Causal flash attention, forward and backward, as Pallas kernels.
+
+Layout [B, H, S, D]. One program per (batch, query head, query block); it
+walks the key blocks with an online softmax (running max m, running sum l,
+unnormalised accumulator), so the [Sq, Sk] score matrix never exists. Causal
+masking is aligned bottom-right (query i sees keys j <= i + Sk - Sq) and the
+walk stops at the last key block a query block can see. Grouped-query
+attention maps query head h to key/value head h // (Hq / Hkv) in the
+BlockSpec index maps. Ragged lengths are padded to whole blocks and the
+padded keys masked out.
+
+Backward (FlashAttention-2 style, recomputing probabilities from the saved
+log-sum-exp): one kernel per query block for dq, one per key block for dk and
+dv (per query head; the wrapper sums the heads of a group).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from ._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, pad_axis, round_up
+
+
+def _mask(rows, cols, *, sk: int, offset: int, causal: bool):
+    m = cols < sk
+    if causal:
+        m = m & (cols <= rows + offset)
+    return m
+
+
+def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, causal, bq, bk, sk, offset, nk):
+    acc = acc_dtype(q_ref.dtype)
+    qi = pl.program_id(2)
+    q = q_ref[...]
+    rows = qi * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+    cols0 = lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+    hi = jnp.clip((qi * bq + bq + offset + bk - 1) // bk, 0, nk) if causal else nk
+
+    def body(j, carry):
+        m, l, o = carry
+        k = k_ref[pl.ds(j * bk, bk), :]
+        v = v_ref[pl.ds(j * bk, bk), :]
+        s = dot_nt(q, k, acc) * scale
+        mask = _mask(rows, j * bk + cols0, sk=sk, offset=offset, causal=causal)
+        s = jnp.where(mask, s, NEG)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
+        p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
+        alpha = jnp.exp(m - m_new)
+        l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
+        o = alpha * o + dot_nn(p.astype(v.dtype), v, acc)
+        return m_new, l, o
+
+    d = q.shape[-1]
+    init = (jnp.full((bq, 1), NEG, acc), jnp.zeros((bq, 1), acc), jnp.zeros((bq, d), acc))
+    m, l, o = lax.fori_loop(0, hi, body, init)
+    seen = l > 0
+    l_safe = jnp.where(seen, l, 1.0)
+    o_ref[...] = (o / l_safe).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(seen, m + jnp.log(l_safe), 0.0)[:, 0]
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, scale, causal, bq, bk, sk, offset, nk):
+    acc = acc_dtype(q_ref.dtype)
+    qi = pl.program_id(2)
+    q, do = q_ref[...], do_ref[...]
+    lse = lse_ref[...][:, None]
+    delta = delta_ref[...][:, None]
+    rows = qi * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+    cols0 = lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+    hi = jnp.clip((qi * bq + bq + offset + bk - 1) // bk, 0, nk) if causal else nk
+
+    def body(j, dq):
+        k = k_ref[pl.ds(j * bk, bk), :]
+        v = v_ref[pl.ds(j * bk, bk), :]
+        mask = _mask(rows, j * bk + cols0, sk=sk, offset=offset, causal=causal)
+        p = jnp.where(mask, jnp.exp(dot_nt(q, k, acc) * scale - lse), 0.0)
+        ds = p * (dot_nt(do, v, acc) - delta)
+        return dq + dot_nn(ds.astype(k.dtype), k, acc)
+
+    dq = lax.fori_loop(0, hi, body, jnp.zeros(q.shape, acc))
+    dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
+                scale, causal, bq, bk, sq, sk, offset, nq):
+    acc = acc_dtype(q_ref.dtype)
+    kj = pl.program_id(2)
+    k, v = k_ref[...], v_ref[...]
+    rows0 = lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+    cols = kj * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+    # First query block with a row that can see this key block: i + offset >= kj * bk.
+    lo = jnp.clip((kj * bk - offset) // bq, 0, nq) if causal else 0
+
+    def body(i, carry):
+        dk, dv = carry
+        q = q_ref[pl.ds(i * bq, bq), :]
+        do = do_ref[pl.ds(i * bq, bq), :]
+        lse = lse_ref[pl.ds(i * bq, bq)][:, None]
+        delta = delta_ref[pl.ds(i * bq, bq)][:, None]
+        rows = i * bq + rows0
+        mask = _mask(rows, cols, sk=sk, offset=offset, causal=causal) & (rows < sq)
+        p = jnp.where(mask, jnp.exp(dot_nt(q, k, acc) * scale - lse), 0.0)
+        dv = dv + dot_tn(p.astype(do.dtype), do, acc)
+        ds = p * (dot_nt(do, v, acc) - delta)
+        dk = dk + dot_tn(ds.astype(q.dtype), q, acc)
+        return dk, dv
+
+    zeros = jnp.zeros(k.shape, acc)
+    dk, dv = lax.fori_loop(lo, nq, body, (zeros, zeros))
+    dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _geometry(q, k, block_q, block_k):
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    bq = min(block_q, round_up(sq, 8))
+    bk = min(block_k, round_up(sk, 8))
+    return b, hq, hkv, sq, sk, d, bq, bk, round_up(sq, bq), round_up(sk, bk)
+
+
+_STATIC = ("causal", "scale", "block_q", "block_k", "interpret", "poison")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def attention_fwd(q, k, v, *, causal: bool, scale: float, block_q: int, block_k: int, interpret: bool,
+                  poison: bool = False):
+    """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] -> (o [B, Hq, Sq, D], lse [B, Hq, Sq] float32/64)."""
+    b, hq, hkv, sq, sk, d, bq, bk, sq_p, sk_p = _geometry(q, k, block_q, block_k)
+    g = hq // hkv
+    qp, kp, vp = pad_axis(q, 2, sq_p), pad_axis(k, 2, sk_p), pad_axis(v, 2, sk_p)
+    kern = functools.partial(_fwd_kernel, scale=scale, causal=causal, bq=bq, bk=bk, sk=sk,
+                             offset=sk - sq, nk=sk_p // bk)
+    qspec = pl.BlockSpec((None, None, bq, d), lambda bi, h, i: (bi, h, i, 0))
+    kvspec = pl.BlockSpec((None, None, sk_p, d), lambda bi, h, i: (bi, h // g, 0, 0))
+    o, lse = call(
+        kern, grid=(b, hq, sq_p // bq), in_specs=[qspec, kvspec, kvspec],
+        out_specs=[qspec, pl.BlockSpec((None, None, bq), lambda bi, h, i: (bi, h, i))],
+        out_shape=[jax.ShapeDtypeStruct((b, hq, sq_p, d), q.dtype),
+                   jax.ShapeDtypeStruct((b, hq, sq_p), acc_dtype(q.dtype))],
+        interpret=interpret, poison=poison, name="flash_attention_fwd",
+    )(qp, kp, vp)
+    return o[:, :, :sq], lse[:, :, :sq]
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def attention_bwd(q, k, v, o, lse, do, *, causal: bool, scale: float, block_q: int, block_k: int,
+                  interpret: bool, poison: bool = False):
+    """-> (dq, dk, dv) shaped like q, k, v."""
+    b, hq, hkv, sq, sk, d, bq, bk, sq_p, sk_p = _geometry(q, k, block_q, block_k)
+    g = hq // hkv
+    acc = acc_dtype(q.dtype)
+    # delta_i = sum_d o_i * do_i: the row term of softmax's backward, shared by both kernels.
+    delta = jnp.sum(o.astype(acc) * do.astype(acc), axis=-1)
+    qp, dop = pad_axis(q, 2, sq_p), pad_axis(do, 2, sq_p)
+    lsep, deltap = pad_axis(lse, 2, sq_p), pad_axis(delta, 2, sq_p)
+    kp, vp = pad_axis(k, 2, sk_p), pad_axis(v, 2, sk_p)
+    common = dict(scale=scale, causal=causal, bq=bq, bk=bk, sk=sk, offset=sk - sq)
+
+    qblk = pl.BlockSpec((None, None, bq, d), lambda bi, h, i: (bi, h, i, 0))
+    rowblk = pl.BlockSpec((None, None, bq), lambda bi, h, i: (bi, h, i))
+    kvfull = pl.BlockSpec((None, None, sk_p, d), lambda bi, h, i: (bi, h // g, 0, 0))
+    (dq,) = call(
+        functools.partial(_dq_kernel, nk=sk_p // bk, **common), grid=(b, hq, sq_p // bq),
+        in_specs=[qblk, kvfull, kvfull, qblk, rowblk, rowblk], out_specs=[qblk],
+        out_shape=[jax.ShapeDtypeStruct((b, hq, sq_p, d), q.dtype)],
+        interpret=interpret, poison=poison, name="flash_attention_dq",
+    )(qp, kp, vp, dop, lsep, deltap)
+
+    qfull = pl.BlockSpec((None, None, sq_p, d), lambda bi, h, j: (bi, h, 0, 0))
+    rowfull = pl.BlockSpec((None, None, sq_p), lambda bi, h, j: (bi, h, 0))
+    kvblk = pl.BlockSpec((None, None, bk, d), lambda bi, h, j: (bi, h // g, j, 0))
+    outblk = pl.BlockSpec((None, None, bk, d), lambda bi, h, j: (bi, h, j, 0))
+    dk, dv = call(
+        functools.partial(_dkv_kernel, sq=sq, nq=sq_p // bq, **common), grid=(b, hq, sk_p // bk),
+        in_specs=[qfull, kvblk, kvblk, qfull, rowfull, rowfull], out_specs=[outblk, outblk],
+        out_shape=[jax.ShapeDtypeStruct((b, hq, sk_p, d), acc)] * 2,
+        interpret=interpret, poison=poison, name="flash_attention_dkv",
+    )(qp, kp, vp, dop, lsep, deltap)
+    # Per-query-head partials -> sum over the heads that share a key/value head.
+    dk = dk[:, :, :sk].reshape(b, hkv, g, sk, d).sum(axis=2).astype(k.dtype)
+    dv = dv[:, :, :sk].reshape(b, hkv, g, sk, d).sum(axis=2).astype(v.dtype)
+    return dq[:, :, :sq], dk, dv

@@ -1,0 +1,74 @@
+"""Shared pieces of the Pallas kernels (JAX side)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+# Masked scores use a large finite negative, not -inf: exp(-inf - -inf) is NaN
+# when a whole block is masked.
+NEG = -1e30
+
+
+def acc_dtype(dtype) -> jnp.dtype:
+    return jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
+
+
+def round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def pad_axis(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
+    if x.shape[axis] == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def dot_nt(a: jax.Array, b: jax.Array, out) -> jax.Array:
+    """a [m, k] . b [n, k]^T -> [m, n], accumulating in `out` dtype."""
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=out, precision=_prec(a))
+
+
+def dot_nn(a: jax.Array, b: jax.Array, out) -> jax.Array:
+    """a [m, k] . b [k, n] -> [m, n]."""
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=out, precision=_prec(a))
+
+
+def dot_tn(a: jax.Array, b: jax.Array, out) -> jax.Array:
+    """a [k, m]^T . b [k, n] -> [m, n]."""
+    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=out, precision=_prec(a))
+
+
+def _prec(a):
+    # float32 inputs keep full precision (no TF32 / bf16 passes); bf16 needs none.
+    return lax.Precision.HIGHEST if a.dtype in (jnp.float32, jnp.float64) else None
+
+
+def call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, poison: bool, name: str):
+    """pl.pallas_call, optionally with every output pre-filled with NaN (or -1 for ints).
+
+    Poisoning aliases a NaN-filled input onto each output, so a block the kernel
+    never writes shows up as NaN in tests instead of as stale zeros.
+    """
+    outs = list(out_shape)
+    if not poison:
+        return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=list(out_specs),
+                              out_shape=outs, interpret=interpret, name=name)
+    n_in = len(in_specs)
+
+    def poisoned_kernel(*refs):
+        kernel(*refs[:n_in], *refs[n_in + len(outs):])
+
+    raw = pl.pallas_call(poisoned_kernel, grid=grid, in_specs=list(in_specs) + list(out_specs),
+                         out_specs=list(out_specs), out_shape=outs, interpret=interpret, name=name,
+                         input_output_aliases={n_in + i: i for i in range(len(outs))})
+
+    def run(*args):
+        fills = [jnp.full(o.shape, jnp.nan if jnp.issubdtype(o.dtype, jnp.floating) else -1, o.dtype) for o in outs]
+        return raw(*args, *fills)
+
+    return run

@@ -1,0 +1,81 @@
+"""RMSNorm forward and backward as Pallas kernels over blocks of rows.
+
+Forward: one program per block of `block_rows` rows; the whole feature dim is
+one block. It writes y and the per-row 1/rms that backward reuses.
+Backward: dx per row block, and per-block partial sums of dy * x_hat for dweight
+that the wrapper adds up (a reduction across programs needs no atomics then).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from ._common import acc_dtype, call, pad_axis, round_up
+
+
+def _fwd_kernel(x_ref, w_ref, y_ref, rstd_ref, *, eps: float, d: int):
+    acc = acc_dtype(x_ref.dtype)
+    x = x_ref[...].astype(acc)
+    w = w_ref[...].astype(acc)
+    rstd = lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) / d + eps)
+    y_ref[...] = (x * rstd * w).astype(y_ref.dtype)
+    rstd_ref[...] = rstd
+
+
+def _bwd_kernel(x_ref, w_ref, rstd_ref, dy_ref, dx_ref, dw_ref, *, d: int):
+    acc = acc_dtype(x_ref.dtype)
+    x = x_ref[...].astype(acc)
+    w = w_ref[...].astype(acc)
+    dy = dy_ref[...].astype(acc)
+    rstd = rstd_ref[...]
+    xhat = x * rstd
+    g = dy * w
+    c = jnp.sum(xhat * g, axis=-1, keepdims=True) / d
+    dx_ref[...] = (rstd * (g - xhat * c)).astype(dx_ref.dtype)
+    dw_ref[...] = jnp.sum(dy * xhat, axis=0, keepdims=True).astype(dw_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("eps", "block_rows", "interpret", "poison"))
+def rms_norm_fwd(x, w, *, eps: float, block_rows: int, interpret: bool, poison: bool = False):
+    """x [N, D], w [D] -> (y [N, D] in x.dtype, rstd [N, 1] float32/64)."""
+    n, d = x.shape
+    acc = acc_dtype(x.dtype)
+    br = min(block_rows, round_up(n, 8))
+    n_p = round_up(n, br)
+    xp = pad_axis(x, 0, n_p)
+    row = pl.BlockSpec((br, d), lambda i: (i, 0))
+    col = pl.BlockSpec((br, 1), lambda i: (i, 0))
+    y, rstd = call(
+        functools.partial(_fwd_kernel, eps=eps, d=d), grid=(n_p // br,),
+        in_specs=[row, pl.BlockSpec((1, d), lambda i: (0, 0))], out_specs=[row, col],
+        out_shape=[jax.ShapeDtypeStruct((n_p, d), x.dtype), jax.ShapeDtypeStruct((n_p, 1), acc)],
+        interpret=interpret, poison=poison, name="rms_norm_fwd",
+    )(xp, w.reshape(1, d))
+    return y[:n], rstd[:n]
+
+
+@functools.partial(jax.jit, static_argnames=("block_rows", "interpret", "poison"))
+def rms_norm_bwd(x, w, rstd, dy, *, block_rows: int, interpret: bool, poison: bool = False):
+    """-> (dx [N, D] in x.dtype, dw [D] in w.dtype)."""
+    n, d = x.shape
+    acc = acc_dtype(x.dtype)
+    br = min(block_rows, round_up(n, 8))
+    n_p = round_up(n, br)
+    nb = n_p // br
+    # Padded rows carry dy = 0, so they add nothing to dw.
+    xp, dyp, rp = pad_axis(x, 0, n_p), pad_axis(dy, 0, n_p), pad_axis(rstd, 0, n_p, 1.0)
+    row = pl.BlockSpec((br, d), lambda i: (i, 0))
+    col = pl.BlockSpec((br, 1), lambda i: (i, 0))
+    dx, dw_part = call(
+        functools.partial(_bwd_kernel, d=d), grid=(nb,),
+        in_specs=[row, pl.BlockSpec((1, d), lambda i: (0, 0)), col, row],
+        out_specs=[row, pl.BlockSpec((1, d), lambda i: (i, 0))],
+        out_shape=[jax.ShapeDtypeStruct((n_p, d), x.dtype), jax.ShapeDtypeStruct((nb, d), acc)],
+        interpret=interpret, poison=poison, name="rms_norm_bwd",
+    )(xp, w.reshape(1, d), rp, dyp)
+    return dx[:n], jnp.sum(dw_part, axis=0).astype(w.dtype)
