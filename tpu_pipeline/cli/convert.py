@@ -1,3 +1,72 @@
-from . import not_built
+"""`tpu-pipeline convert MODEL`: parse, call tpu_pipeline.convert.convert, print."""
 
-command = not_built("convert", "issue 3")
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from . import EXIT_CODES_HELP
+
+
+@click.command(epilog=EXIT_CODES_HELP + " With --json the report is printed before a failing exit.")
+@click.argument("model", type=click.Path())
+@click.option("--targets", default="all", show_default=True, help="all, or a comma list of android,ios,desktop,web,iot.")
+@click.option("--out", type=click.Path(), default=None, help="Output folder [default: dist/<model stem>/].")
+@click.option("--input-shape", "input_shapes", multiple=True,
+              help="1,3,224,224[:float32] per input, in forward() order (repeat for several inputs).")
+@click.option("--model-class", default=None, help="pkg.module:Class to build when MODEL is a state_dict.")
+@click.option("--model-kwargs", default=None, help="JSON constructor kwargs for --model-class.")
+@click.option("--trust-pickle", is_flag=True, help="Allow unpickling a whole nn.Module (runs code from the file).")
+@click.option("--calib", type=click.Path(), default=None, help=".npz of representative inputs for static int8.")
+@click.option("--eval-data", type=click.Path(), default=None, help=".npz of parity inputs.")
+@click.option("--samples", default=8, show_default=True, type=int, help="Parity inputs per target.")
+@click.option("--atol", type=float, default=None, help="Override the targets' absolute tolerance.")
+@click.option("--rtol", type=float, default=None, help="Override the targets' relative tolerance.")
+@click.option("--min-cosine", type=float, default=None, help="Override the targets' minimum cosine similarity.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--no-latency", is_flag=True, help="Skip the latency measurement.")
+@click.option("--profile-dir", type=click.Path(), default=None, help="Folder of target profile TOML files to use instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_pickle, calib, eval_data, samples,
+            atol, rtol, min_cosine, seed, no_latency, profile_dir, as_json):
+    """Convert MODEL to LiteRT artifacts for each target and check each on its runtime.
+
+    MODEL: a torch.export archive (.pt2), a tpu-pipeline model.pt, a state_dict
+    (with --model-class), a pickled nn.Module (with --trust-pickle) or a Hugging
+    Face causal-LM folder. Writes DIR/<target>/model.tflite + model.json,
+    DIR/report.json and DIR/report.html.
+    """
+    from ..errors import PipelineError
+    from ..convert import ConvertOptions, convert
+
+    opts = ConvertOptions(targets=targets, out=out, input_shapes=tuple(input_shapes), model_class=model_class,
+                          model_kwargs=model_kwargs, trust_pickle=trust_pickle, calib=calib, eval_data=eval_data,
+                          samples=samples, atol=atol, rtol=rtol, min_cosine=min_cosine, seed=seed,
+                          latency=not no_latency, profile_dir=profile_dir)
+    progress = (lambda msg: click.echo(f"  {msg}", err=True))
+    try:
+        report = convert(model, opts, progress=progress)
+    except PipelineError as e:
+        if as_json and getattr(e, "report", None):
+            click.echo(json.dumps(e.report, indent=2, default=str))
+        raise
+    if as_json:
+        click.echo(json.dumps(report, indent=2, default=str))
+        return
+    _print_table(report)
+
+
+def _print_table(report: dict) -> None:
+    click.echo(f"{'target':<8} {'status':<6} {'quantization':<13} {'bytes':>9} {'cosine':>10} {'max_abs':>9} {'top1':>5} {'ms':>7} {'torch ms':>8}")
+    for name, t in report["targets"].items():
+        p = t.get("parity") or {}
+        lat = t.get("latency_ms") or {}
+        top1 = f"{p['top1']:.2f}" if "top1" in p else "-"
+        click.echo(f"{name:<8} {'ok' if t['passed'] else 'FAIL':<6} {t['quantization']:<13} {t['size_bytes'] or 0:>9} "
+                   f"{p.get('cosine', float('nan')):>10.6f} {p.get('max_abs', float('nan')):>9.3g} {top1:>5} "
+                   f"{lat.get('artifact') or float('nan'):>7.3f} {lat.get('torch_eager') or float('nan'):>8.3f}")
+    for w in report.get("warnings", []):
+        click.echo(w, err=True)
+    click.echo(f"wrote {report['out']}/ (report.html, report.json)")

@@ -1,0 +1,125 @@
+"""Runs a .tflite artifact in a real browser: LiteRT.js in headless Chromium.
+
+The page in `web/` loads the model with @litertjs/core (wasm, XNNPACK) and
+posts its outputs back to the small HTTP server here. The web target's
+parity uses this when a Chromium and the npm package are present; callers
+decide what to do when `browser_unavailable()` gives a reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConversionError
+
+WEB_DIR = Path(__file__).parent / "web"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+# Flags for a root, offline, headless box: no sandbox (root), no GPU, no
+# background connections that this machine's closed network would refuse.
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage")
+DTYPES = {"float32": np.float32, "int32": np.int32, "uint8": np.uint8}
+
+
+def chromium_path() -> str | None:
+    env = os.environ.get("TPU_PIPELINE_CHROMIUM")
+    if env:
+        return env if Path(env).exists() else None
+    return next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
+
+
+def litertjs_dir() -> Path:
+    return Path(os.environ.get("TPU_PIPELINE_LITERTJS_DIR", WEB_DIR / "node_modules"))
+
+
+def browser_unavailable() -> str | None:
+    """Why the browser runtime cannot run here, or None when it can."""
+    if chromium_path() is None:
+        return "no Chromium found (apt-get install chromium, or set TPU_PIPELINE_CHROMIUM)"
+    if not (litertjs_dir() / "@litertjs" / "core" / "dist" / "index.js").exists():
+        return f"@litertjs/core not installed in {litertjs_dir()} (run `make install` or `npm ci` in {WEB_DIR})"
+    return None
+
+
+def run_litertjs(model: bytes | str | Path, samples: list[list[np.ndarray]], *, timeout: float = 120.0) -> list[list[np.ndarray]]:
+    """Runs each sample (a list of input arrays in the model's input order) in
+    headless Chromium and returns the outputs in the model's output order."""
+    reason = browser_unavailable()
+    if reason:
+        raise ConversionError(f"browser runtime unavailable: {reason}")
+    model_bytes = Path(model).read_bytes() if isinstance(model, (str, Path)) else model
+    with tempfile.TemporaryDirectory(prefix="tpp-web-") as tmp:
+        site = Path(tmp) / "site"
+        site.mkdir()
+        shutil.copy(WEB_DIR / "index.html", site / "index.html")
+        os.symlink(litertjs_dir(), site / "node_modules")
+        (site / "model.tflite").write_bytes(model_bytes)
+        job = {"model": "model.tflite", "samples": [[_encode(a) for a in sample] for sample in samples]}
+        (site / "job.json").write_text(json.dumps(job))
+        result = _serve_and_wait(site, Path(tmp) / "profile", timeout)
+    if not result.get("ok"):
+        raise ConversionError(f"LiteRT.js failed in the browser: {result.get('error', 'no result').splitlines()[0]}")
+    return [[_decode(t) for t in row] for row in result["samples"]]
+
+
+def _encode(a: np.ndarray) -> dict:
+    a = np.ascontiguousarray(a)
+    dtype = str(a.dtype)
+    if dtype not in DTYPES:
+        raise ConversionError(f"LiteRT.js tensors are float32, int32 or uint8; this input is {dtype}")
+    return {"dtype": dtype, "shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode()}
+
+
+def _decode(t: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(t["data"]), dtype=DTYPES[t["dtype"]]).reshape(t["shape"]).copy()
+
+
+def _serve_and_wait(site: Path, profile: Path, timeout: float) -> dict:
+    done = threading.Event()
+    box: dict = {}
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(site), **kw)
+
+        def do_POST(self):  # the page posts its result here
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            box.update(json.loads(body or b"{}"))
+            self.send_response(204)
+            self.end_headers()
+            done.set()
+
+        def log_message(self, *args):
+            pass
+
+    Handler.extensions_map = {**Handler.extensions_map, ".wasm": "application/wasm", ".js": "text/javascript"}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/index.html"
+    proc = subprocess.Popen([chromium_path(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", url],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        if not done.wait(timeout):
+            raise ConversionError(f"the browser gave no result within {timeout:.0f} s")
+        return box
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        if proc.poll() is None:
+            proc.kill()
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,84 @@
+"""Compatibility of an artifact with a target profile, before parity:
+op allowlist, delegate coverage, forbidden tensor types, dynamic dims, size
+and (iot) arena. Each violation names the ops and the PyTorch modules."""
+
+from __future__ import annotations
+
+import re
+
+from .targets import TargetProfile
+from .tflite_info import ModelInfo, arena_estimate, module_path, op_module
+
+_BUILTIN = re.compile(r"^[A-Z0-9_]+$")
+
+
+def _where(info: ModelInfo, ops: list[dict]) -> str:
+    seen: dict[str, set] = {}
+    for op in ops:
+        seen.setdefault(op["op"], set()).add(op_module(info, op) or "?")
+    return "; ".join(f"{name} (from {', '.join(sorted(mods))})" for name, mods in sorted(seen.items()))
+
+
+def gpu_analyzer_warnings(model: bytes) -> tuple[list[int], str | None]:
+    """Op indices LiteRT's model analyzer flags as GPU-incompatible, or (.., reason) when it cannot run."""
+    try:
+        from ai_edge_litert import _pywrap_analyzer_wrapper as analyzer
+
+        from .export import quiet_native
+
+        with quiet_native():
+            text = analyzer.ModelAnalyzer(bytes(model), False, True)
+    except Exception as e:  # noqa: BLE001 - the analyzer is optional; fall back to "not checked"
+        return [], f"model analyzer unavailable: {type(e).__name__}"
+    flagged = []
+    for line in str(text).splitlines():
+        if "GPU COMPATIBILITY WARNING" in line:
+            m = re.search(r"Op#(\d+)", line)
+            if m:
+                flagged.append(int(m.group(1)))
+    return sorted(set(flagged)), None
+
+
+def check(profile: TargetProfile, model: bytes, info: ModelInfo) -> dict:
+    """-> {"passed": bool, "violations": [str], "warnings": [str], "ops": {...}, "arena_estimate_bytes": n}"""
+    violations, warnings = [], []
+    op_names = sorted({op["op"] for op in info.ops})
+    custom = [op for op in info.ops if not _BUILTIN.match(op["op"]) or op["op"] in ("CUSTOM", "DELEGATE")
+              or op["op"].startswith("FLEX")]
+    if profile.forbid_custom_ops and custom:
+        violations.append(f"custom/Flex ops the {profile.name} runtime does not ship: {_where(info, custom)}")
+    if profile.allowed_ops:
+        allowed = set(profile.allowed_ops)
+        bad = [op for op in info.ops if op["op"] not in allowed]
+        if bad:
+            violations.append(f"ops not in the {profile.name} op resolver: {_where(info, bad)}")
+    delegate = {"name": profile.delegate, "unsupported": [], "checked_by": None}
+    if profile.delegate != "none":
+        if profile.delegate_check == "analyzer":
+            flagged, why = gpu_analyzer_warnings(model)
+            delegate["checked_by"] = why or "LiteRT model analyzer (gpu_compatibility)"
+            bad = [op for op in info.ops if op["index"] in set(flagged)]
+        else:
+            delegate["checked_by"] = f"{profile.delegate} delegate op list in the target profile"
+            bad = [op for op in info.ops if op["op"] not in set(profile.delegate_ops)]
+        if bad:
+            delegate["unsupported"] = sorted({op["op"] for op in bad})
+            msg = f"{len(bad)} of {len(info.ops)} ops fall back from the {profile.delegate} delegate to CPU: {_where(info, bad)}"
+            (violations if profile.require_delegate else warnings).append(msg)
+    forbid = set(profile.forbid_dtypes)
+    bad_t = [(i, t) for i, t in info.tensors.items() if t["dtype"] in forbid]
+    if bad_t:
+        kinds = sorted({t["dtype"] for _, t in bad_t})
+        mods = sorted({module_path(t["name"]) or t["name"] for _, t in bad_t})[:8]
+        violations.append(f"{len(bad_t)} {'/'.join(kinds)} tensors the {profile.name} runtime does not run (in {', '.join(mods)})")
+    dyn = [t for t in info.inputs + info.outputs if any(d < 0 for d in t.shape_signature)]
+    if dyn and not profile.allow_dynamic_dims:
+        violations.append(f"dynamic dims on {', '.join(t.key for t in dyn)}; {profile.name} needs fixed shapes (pass --input-shape)")
+    size = len(model)
+    if profile.max_size_bytes and size > profile.max_size_bytes:
+        violations.append(f"artifact is {size} bytes, over the {profile.name} budget of {profile.max_size_bytes}")
+    arena = arena_estimate(info)
+    if profile.max_arena_bytes and arena > profile.max_arena_bytes:
+        violations.append(f"arena estimate {arena} bytes is over the {profile.name} budget of {profile.max_arena_bytes}")
+    return {"passed": not violations, "violations": violations, "warnings": warnings, "ops": op_names,
+            "delegate": delegate, "arena_estimate_bytes": arena}

@@ -1,0 +1,324 @@
+"""MODEL argument -> a float32 nn.Module on CPU plus its sample inputs.
+
+Accepted forms (see `load_model`): torch.export archives, tpu-pipeline
+model.pt manifests, state_dicts with --model-class, whole pickled modules
+(only with --trust-pickle), Hugging Face causal-LM folders. Every file is
+opened with `weights_only=True` first: nothing in the file runs unless the
+user passed --trust-pickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import pickle
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tpu_pipeline.errors import UserError
+
+MANIFEST_FORMAT = "tpu-pipeline/model@1"
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
+
+
+@dataclasses.dataclass(kw_only=True)
+class LoadedModel:
+    module: nn.Module
+    sample_args: tuple[torch.Tensor, ...]
+    source_format: str                       # how MODEL was read
+    input_names: list[str]
+    output_names: list[str] | None = None
+    task: str | None = None                  # classification | causal-lm | None (unknown)
+    notes: list[str] = dataclasses.field(default_factory=list)  # what was changed on the way (bf16 cast, ...)
+    int_high: list[int | None] = dataclasses.field(default_factory=list)  # per input: exclusive upper bound for int samples
+
+
+def parse_input_shape(spec: str) -> tuple[tuple[int, ...], torch.dtype]:
+    """`1,3,224,224[:float32]` -> ((1, 3, 224, 224), torch.float32)."""
+    shape_s, _, dtype_s = spec.partition(":")
+    dtype_s = dtype_s or "float32"
+    if dtype_s not in _DTYPES:
+        raise UserError(f"--input-shape {spec!r}: dtype {dtype_s!r} is not one of {', '.join(_DTYPES)}")
+    try:
+        shape = tuple(int(s) for s in shape_s.split(","))
+    except ValueError:
+        raise UserError(f"--input-shape {spec!r}: expected comma-separated integers like 1,3,224,224[:float32]") from None
+    if not shape or any(d <= 0 for d in shape):
+        raise UserError(f"--input-shape {spec!r}: every dimension must be a positive integer")
+    return shape, _DTYPES[dtype_s]
+
+
+def _random_input(shape, dtype, high: int = 16) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return torch.randn(shape).to(dtype)
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    return torch.randint(0, high, shape, dtype=dtype)
+
+
+def load_model(path: str | Path, *, input_shapes: list[str] = (), model_class: str | None = None,
+               model_kwargs: str | None = None, trust_pickle: bool = False, seq_len: int = 16) -> LoadedModel:
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"model not found: {path}")
+    if path.is_dir():
+        loaded = _load_hf_folder(path, input_shapes, seq_len)
+    else:
+        if path.stat().st_size == 0:
+            raise UserError(f"{path} is empty (0 bytes): not a PyTorch model file")
+        kind = _sniff(path)
+        if kind == "torchscript":
+            raise UserError(
+                f"{path} is a TorchScript archive, which LiteRT cannot convert. Re-export it from the Python "
+                "model: torch.export.save(torch.export.export(model, example_args), 'model.pt2'), then "
+                "`tpu-pipeline convert model.pt2`")
+        if kind == "export":
+            loaded = _load_export_archive(path, input_shapes)
+        else:
+            loaded = _load_torch_save(path, input_shapes, model_class, model_kwargs, trust_pickle)
+    return _finish(loaded)
+
+
+def _sniff(path: Path) -> str:
+    """export | torchscript | torch-save, from the zip listing (no unpickling)."""
+    if not zipfile.is_zipfile(path):
+        # Legacy (non-zip) torch.save files start with a pickle protocol byte.
+        with open(path, "rb") as f:
+            head = f.read(2)
+        if head[:1] == b"\x80":
+            return "torch-save"
+        raise UserError(f"{path} is not a PyTorch model file (not a torch.save/torch.export zip archive)")
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise UserError(f"{path} is a damaged zip archive ({e}); the file may be truncated") from None
+    if bad is not None:
+        raise UserError(f"{path} is damaged: member {bad!r} fails its checksum; the file may be truncated")
+    if any(n.endswith("archive_format") for n in names) or any("serialized_exported_program" in n or
+                                                                 n.endswith(".json") and "/models/" in n for n in names):
+        return "export"
+    if any("/code/" in n for n in names) and any(n.endswith("constants.pkl") for n in names):
+        return "torchscript"
+    return "torch-save"
+
+
+def _load_export_archive(path: Path, input_shapes) -> LoadedModel:
+    try:
+        ep = torch.export.load(str(path))
+    except Exception as e:  # noqa: BLE001 - any decode failure is bad input
+        raise UserError(f"{path}: cannot read the torch.export archive ({_first_line(e)})") from None
+    if input_shapes:
+        args = tuple(_random_input(*parse_input_shape(s)) for s in input_shapes)
+    elif ep.example_inputs is not None and ep.example_inputs[0]:
+        args = tuple(ep.example_inputs[0])
+    else:
+        raise UserError(f"{path}: the archive holds no example inputs; pass --input-shape for each input")
+    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    return LoadedModel(module=ep.module(), sample_args=args, source_format="torch.export archive",
+                       input_names=names or [f"input_{i}" for i in range(len(args))])
+
+
+def _torch_load(path: Path, trust_pickle: bool):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if not trust_pickle:
+            raise UserError(
+                f"{path} holds pickled Python objects beyond tensors (a whole nn.Module or custom classes). "
+                "Unpickling them runs code from the file, so it is refused by default. Save a state_dict and "
+                "pass --model-class pkg.module:Class, or, if you trust the file, pass --trust-pickle "
+                f"(weights-only load said: {_first_line(e)})") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise UserError(f"{path}: cannot read it as a PyTorch file ({_first_line(e)}); it may be truncated or not a model") from None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"{path}: unpickling failed ({_first_line(e)})") from None
+
+
+def _load_torch_save(path: Path, input_shapes, model_class, model_kwargs, trust_pickle) -> LoadedModel:
+    obj = _torch_load(path, trust_pickle)
+    if isinstance(obj, torch.export.ExportedProgram):
+        return _from_exported(obj, input_shapes)
+    if isinstance(obj, nn.Module):
+        args = _shapes_or_example(obj, input_shapes, path)
+        return LoadedModel(module=obj, sample_args=args, source_format="pickled nn.Module (--trust-pickle)",
+                           input_names=[f"input_{i}" for i in range(len(args))])
+    if isinstance(obj, dict) and obj.get("format") == MANIFEST_FORMAT:
+        return _from_manifest(obj, path, input_shapes, model_class, model_kwargs)
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        if not model_class:
+            raise UserError(f"{path} is a state_dict (weights only): pass --model-class pkg.module:Class "
+                            "[--model-kwargs JSON] so convert can build the model")
+        module = _build(model_class, _kwargs(model_kwargs), path)
+        _load_state(module, obj, path)
+        args = _shapes_or_example(module, input_shapes, path)
+        return LoadedModel(module=module, sample_args=args, source_format="state_dict + --model-class",
+                           input_names=[f"input_{i}" for i in range(len(args))])
+    raise UserError(f"{path}: holds a {type(obj).__name__}, not a model, state_dict or tpu-pipeline manifest")
+
+
+def _from_exported(ep, input_shapes) -> LoadedModel:
+    args = (tuple(_random_input(*parse_input_shape(s)) for s in input_shapes) if input_shapes
+            else tuple(ep.example_inputs[0]))
+    return LoadedModel(module=ep.module(), sample_args=args, source_format="torch.export program",
+                       input_names=[f"input_{i}" for i in range(len(args))])
+
+
+def _from_manifest(m: dict, path: Path, input_shapes, model_class, model_kwargs) -> LoadedModel:
+    cls_path = model_class or m.get("model_class", "")
+    if not model_class and not str(cls_path).startswith("tpu_pipeline."):
+        raise UserError(f"{path}: manifest names model_class {cls_path!r} outside tpu_pipeline; importing it runs "
+                        "its code, so pass it explicitly with --model-class if you trust it")
+    kwargs = _kwargs(model_kwargs) if model_kwargs else dict(m.get("model_kwargs") or {})
+    module = _build(cls_path, kwargs, path)
+    _load_state(module, m.get("state_dict") or {}, path)
+    if input_shapes:
+        args = tuple(_random_input(*parse_input_shape(s)) for s in input_shapes)
+    else:
+        args = tuple(t.cpu() for t in m.get("example_inputs") or ())
+        if not args:
+            args = _shapes_or_example(module, input_shapes, path)
+    names = list(m.get("input_names") or [f"input_{i}" for i in range(len(args))])
+    return LoadedModel(module=module, sample_args=args, source_format="tpu-pipeline model.pt manifest",
+                       input_names=names, output_names=m.get("output_names"), task=m.get("task"))
+
+
+def _load_hf_folder(path: Path, input_shapes, seq_len) -> LoadedModel:
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file() or not list(path.glob("*.safetensors")):
+        raise UserError(f"{path} is a folder but not a Hugging Face model (needs config.json and *.safetensors)")
+    try:
+        import transformers
+
+        cfg = json.loads(cfg_path.read_text())
+        # trust_remote_code stays False: a folder's custom modeling code never runs.
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, trust_remote_code=False, dtype=torch.float32, local_files_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"{path}: cannot load it as a Hugging Face causal LM ({_first_line(e)})") from None
+    model.config.use_cache = False
+    vocab = int(cfg.get("vocab_size") or model.config.vocab_size)
+    shape = parse_input_shape(input_shapes[0])[0] if input_shapes else (1, seq_len)
+    ids = torch.randint(0, vocab, shape, dtype=torch.int64)
+    return LoadedModel(module=_LogitsOnly(model), sample_args=(ids,), source_format="Hugging Face causal-LM folder",
+                       input_names=["input_ids"], output_names=["logits"], task="causal-lm",
+                       notes=[f"fixed-length forward: input_ids {list(shape)} -> logits (no KV cache; decode export is issue 7)"],
+                       int_high=[vocab])
+
+
+class _LogitsOnly(nn.Module):
+    """A causal LM's forward reduced to input_ids -> logits, without cache or dict outputs."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def _kwargs(text: str | None) -> dict:
+    if not text:
+        return {}
+    try:
+        kw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"--model-kwargs is not valid JSON ({e})") from None
+    if not isinstance(kw, dict):
+        raise UserError("--model-kwargs must be a JSON object, e.g. '{\"width\": 16}'")
+    return kw
+
+
+def _build(spec: str, kwargs: dict, path: Path) -> nn.Module:
+    mod_name, _, cls_name = str(spec).partition(":")
+    if not mod_name or not cls_name:
+        raise UserError(f"model class {spec!r}: expected pkg.module:Class")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.append(str(Path.cwd()))  # classes next to the user's files import like scripts do
+    try:
+        cls = getattr(importlib.import_module(mod_name), cls_name)
+    except (ImportError, AttributeError) as e:
+        raise UserError(f"cannot import model class {spec!r} ({_first_line(e)})") from None
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise UserError(f"{spec}({', '.join(kwargs)}): {_first_line(e)}") from None
+
+
+def _load_state(module: nn.Module, state: dict, path: Path) -> None:
+    state = {k: (v.float() if v.is_floating_point() else v).cpu() for k, v in state.items()}
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise UserError(f"{path}: weights do not fit {type(module).__name__}: {_first_line(e)}") from None
+
+
+def _shapes_or_example(module, input_shapes, path) -> tuple:
+    if input_shapes:
+        return tuple(_random_input(*parse_input_shape(s)) for s in input_shapes)
+    if hasattr(module, "example_inputs"):
+        return tuple(module.example_inputs())
+    raise UserError(f"{path}: no example inputs known for {type(module).__name__}; pass --input-shape for each input")
+
+
+def _finish(m: LoadedModel) -> LoadedModel:
+    """float32, CPU, eval mode; checks that PyTorch itself runs the sample inputs."""
+    dtypes = {p.dtype for p in list(m.module.parameters()) + list(m.module.buffers()) if p.is_floating_point()}
+    if dtypes - {torch.float32}:
+        m.notes.append(f"weights were {', '.join(sorted(str(d).replace('torch.', '') for d in dtypes - {torch.float32}))};"
+                       " cast to float32 before export")
+    m.module = m.module.float().cpu()
+    if hasattr(m.module, "eval") and isinstance(m.module, nn.Module):
+        try:
+            m.module.eval()
+        except NotImplementedError:  # exported GraphModules refuse .eval(); they are already in eval form
+            pass
+    args = []
+    for a in m.sample_args:
+        if not isinstance(a, torch.Tensor):
+            raise UserError("only tensor inputs are supported; got " + type(a).__name__)
+        a = a.detach().cpu()
+        args.append(a.float() if a.is_floating_point() else a)
+    m.sample_args = tuple(args)
+    if not m.int_high:
+        m.int_high = [int(a.max()) + 1 if not a.is_floating_point() and a.numel() and a.dtype != torch.bool else None
+                      for a in m.sample_args]
+    if len(m.input_names) != len(m.sample_args):
+        m.input_names = [f"input_{i}" for i in range(len(m.sample_args))]
+    try:
+        with torch.no_grad():
+            out = m.module(*m.sample_args)
+    except Exception as e:  # noqa: BLE001 - a model that cannot run its own inputs is bad input
+        shapes = ", ".join(f"{list(a.shape)}:{str(a.dtype).replace('torch.', '')}" for a in m.sample_args)
+        raise UserError(f"the model does not run on inputs {shapes} ({_first_line(e)}); check --input-shape") from None
+    outs = flatten_outputs(out)
+    if not m.output_names or len(m.output_names) != len(outs):
+        m.output_names = [f"output_{i}" for i in range(len(outs))]
+    return m
+
+
+def flatten_outputs(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in flatten_outputs(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in flatten_outputs(o)]
+    if hasattr(out, "to_tuple"):
+        return flatten_outputs(out.to_tuple())
+    raise UserError(f"model output of type {type(out).__name__} is not a tensor or a tuple of tensors")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:300]

@@ -1,0 +1,45 @@
+"""Float .tflite -> the variant a target asks for, with ai-edge-quantizer.
+
+float32 is the artifact itself; float16 casts weights; dynamic_int8 stores
+int8 weights and computes in float; static_int8 quantizes weights and
+activations from calibration inputs and gives int8 model inputs/outputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tpu_pipeline.errors import ConversionError
+
+from .export import quiet_native
+from .loaders import _first_line
+
+RECIPES = {"dynamic_int8": "dynamic_wi8_afp32", "static_int8": "static_wi8_ai8"}
+_FP16 = [{"regex": ".*", "operation": "*", "algorithm_key": "float_casting",
+          "op_config": {"weight_tensor_config": {"num_bits": 16, "dtype": "FLOAT"},
+                        "compute_precision": "FLOAT", "explicit_dequantize": True}}]
+
+
+def recipe_for(precision: str):
+    from ai_edge_quantizer import recipe
+
+    if precision == "float16":
+        return _FP16
+    return getattr(recipe, RECIPES[precision])()
+
+
+def quantize(float_model: bytes, precision: str, calibration: list[dict[str, np.ndarray]] | None = None,
+             signature: str = "serving_default") -> bytes:
+    if precision == "float32":
+        return float_model
+    from ai_edge_quantizer import quantizer
+
+    try:
+        with quiet_native():
+            q = quantizer.Quantizer(bytearray(float_model), recipe_for(precision))
+            result = None
+            if q.need_calibration:
+                result = q.calibrate({signature: calibration or []}, num_threads=1)
+            return bytes(q.quantize(result, enable_progress_report=False).quantized_model)
+    except Exception as e:  # noqa: BLE001
+        raise ConversionError(f"ai-edge-quantizer could not make the {precision} variant: {type(e).__name__}: {_first_line(e)}") from None

@@ -1,0 +1,80 @@
+"""report.json is written by the pipeline; this renders report.html for people:
+a table per target and a plot of the parity error per target and output."""
+
+from __future__ import annotations
+
+import html
+import math
+
+
+def _svg_bars(labels: list[str], values: list[float], passed: list[bool], title: str) -> str:
+    """A log-scale bar chart as inline SVG (no plotting library: it took seconds to import and lay out)."""
+    w, h, pad, bw = max(360, 70 * len(values) + 60), 240, 50, 40
+    logs = [math.log10(max(v, 1e-12)) for v in values]
+    lo, hi = math.floor(min(logs + [-8])), math.ceil(max(logs + [0]))
+    span = max(hi - lo, 1)
+
+    def y(v):
+        return pad + (h - 2 * pad) * (hi - v) / span
+
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-size='10' font-family='sans-serif'>",
+             f"<text x='{w / 2}' y='16' text-anchor='middle' font-size='12'>{html.escape(title)}</text>"]
+    for k in range(lo, hi + 1):
+        parts.append(f"<line x1='{pad}' x2='{w - 10}' y1='{y(k):.1f}' y2='{y(k):.1f}' stroke='#eee'/>"
+                     f"<text x='{pad - 4}' y='{y(k) + 3:.1f}' text-anchor='end'>1e{k}</text>")
+    for i, (lab, v, ok) in enumerate(zip(labels, logs, passed)):
+        x = pad + 10 + i * 70
+        top = y(v)
+        parts.append(f"<rect x='{x}' y='{top:.1f}' width='{bw}' height='{max(h - pad - top, 1):.1f}' "
+                     f"fill='{'#2a9d8f' if ok else '#e76f51'}'><title>{html.escape(lab)}: {10 ** v:.3g}</title></rect>")
+        for j, line in enumerate(lab.split("/")):
+            parts.append(f"<text x='{x + bw / 2}' y='{h - pad + 12 + 11 * j}' text-anchor='middle'>{html.escape(line)}</text>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _plot(report: dict) -> str | None:
+    labels, rmse, one_minus_cos, passed = [], [], [], []
+    for tname, t in report["targets"].items():
+        for oname, m in (t.get("parity") or {}).get("outputs", {}).items():
+            labels.append(f"{tname}/{oname}")
+            rmse.append(m["rmse"])
+            one_minus_cos.append(1 - m["cosine"])
+            passed.append(t["passed"])
+    if not labels:
+        return None
+    return (_svg_bars(labels, rmse, passed, "RMSE vs PyTorch (log scale)") +
+            _svg_bars(labels, one_minus_cos, passed, "1 - cosine vs PyTorch (log scale)"))
+
+
+def render_html(report: dict) -> str:
+    e = html.escape
+    rows = []
+    for name, t in report["targets"].items():
+        p = t.get("parity") or {}
+        outs = p.get("outputs", {})
+        figs = "<br>".join(
+            f"{e(o)}: max_abs {m['max_abs']:.3g}, rmse {m['rmse']:.3g}, cos {m['cosine']:.6f}, SNR {m['snr_db']:.1f} dB"
+            + (f", top-1 {m['top1']:.3f}" if "top1" in m else "") for o, m in outs.items())
+        lat = t.get("latency_ms") or {}
+        lat_s = (f"{lat['artifact']:.3f} ms vs torch {lat['torch_eager']:.3f} ms" if lat.get("artifact") is not None else "-")
+        problems = "<br>".join(e(x) for x in t.get("errors", []) + t.get("warnings", []))
+        loc = p.get("first_divergence")
+        if loc:
+            problems += f"<br><b>first diverging layer: {e(loc['module'])}</b> ({e(loc['op'])}, rel. error {loc['rel_err']:.3g})"
+        status = "pass" if t["passed"] else "FAIL"
+        rows.append(f"<tr class='{status.lower()}'><td>{e(name)}</td><td>{status}</td><td>{e(t.get('quantization', ''))}</td>"
+                    f"<td>{t.get('size_bytes') or '-'}</td><td>{e(t.get('runtime', ''))}</td><td>{figs}</td>"
+                    f"<td>{lat_s}</td><td>{problems}</td></tr>")
+    img = _plot(report)
+    plot = f"<h2>Parity error per target and output</h2><div>{img}</div>" if img else "<p>(no parity figures)</p>"
+    notes = "".join(f"<li>{e(n)}</li>" for n in report.get("notes", []) + report.get("warnings", []))
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>convert: {e(report['model'])}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;font-size:13px}}
+tr.pass td:nth-child(2){{color:#1b7f4c;font-weight:bold}}tr.fail td:nth-child(2){{color:#c0392b;font-weight:bold}}</style></head>
+<body><h1>{e(report['model'])}</h1><p>{e(report.get('source_format', ''))}; {report.get('samples', 0)} parity samples
+({e(report.get('sample_source', ''))}); wall time {report.get('wall_s', 0):.1f} s</p><ul>{notes}</ul>
+<table><tr><th>target</th><th>status</th><th>quantization</th><th>bytes</th><th>runtime</th><th>parity per output</th>
+<th>median latency</th><th>problems</th></tr>{''.join(rows)}</table>{plot}</body></html>
+"""

@@ -1,0 +1,99 @@
+"""Runs an artifact on a target's runtime: ai-edge-litert (XNNPACK, or the
+reference kernels) or the real TFLM interpreter. Inputs are given and outputs
+returned as float/int numpy arrays in PyTorch's terms: quantized I/O is
+(de)quantized here with the tensor's scale and zero point, int64 inputs are
+fed as the int32 the artifact declares."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tpu_pipeline.errors import ConversionError
+
+from .tflite_info import IOTensor, ModelInfo
+
+Sample = list[np.ndarray]  # one array per model input, in forward() order
+
+
+def to_artifact(x: np.ndarray, t: IOTensor) -> np.ndarray:
+    if t.dtype in ("int8", "uint8", "int16") and t.scale:
+        info = np.iinfo(t.dtype)
+        q = np.round(x.astype(np.float32) / t.scale) + t.zero_point
+        return np.clip(q, info.min, info.max).astype(t.dtype)
+    return np.asarray(x).astype(t.dtype)
+
+
+def from_artifact(y: np.ndarray, t: IOTensor) -> np.ndarray:
+    if t.dtype in ("int8", "uint8", "int16") and t.scale:
+        return (y.astype(np.float32) - t.zero_point) * t.scale
+    return np.asarray(y)
+
+
+class LitertRunner:
+    """ai-edge-litert Interpreter; `reference=True` uses the reference kernels (no XNNPACK)."""
+
+    def __init__(self, model: bytes, info: ModelInfo, *, reference: bool = False, preserve_all: bool = False,
+                 threads: int = 1):
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+        kind = OpResolverType.BUILTIN_REF if reference else OpResolverType.AUTO
+        self.info = info
+        self.interp = Interpreter(model_content=model, num_threads=threads, experimental_op_resolver_type=kind,
+                                  experimental_preserve_all_tensors=preserve_all)
+        self.interp.allocate_tensors()
+
+    def run(self, sample: Sample) -> list[np.ndarray]:
+        for x, t in zip(sample, self.info.inputs):
+            self.interp.set_tensor(t.tensor_index, to_artifact(x, t))
+        self.interp.invoke()
+        return [from_artifact(self.interp.get_tensor(t.tensor_index), t) for t in self.info.outputs]
+
+    def tensor(self, index: int) -> np.ndarray:
+        return self.interp.get_tensor(index)
+
+    def latency_ms(self, sample: Sample, repeats: int = 50) -> float:
+        for x, t in zip(sample, self.info.inputs):
+            self.interp.set_tensor(t.tensor_index, to_artifact(x, t))
+        self.interp.invoke()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            self.interp.invoke()
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times) * 1e3)
+
+
+def run_micro(model: bytes, info: ModelInfo, samples: list[Sample], arena_bytes: int) -> list[list[np.ndarray]]:
+    """All samples through TFLM in one child process; a crash becomes a ConversionError."""
+    worker = Path(__file__).with_name("_micro_worker.py")
+    with tempfile.TemporaryDirectory(prefix="tpu-pipeline-tflm-") as d:
+        d = Path(d)
+        (d / "model.tflite").write_bytes(model)
+        feed = {}
+        for s, sample in enumerate(samples):
+            for x, t in zip(sample, info.inputs):
+                feed[f"in_{t.position}_{s}"] = to_artifact(x, t)
+        np.savez(d / "in.npz", **feed)
+        env = dict(os.environ, PYTHONPATH="")
+        proc = subprocess.run([sys.executable, str(worker), str(d / "model.tflite"), str(d / "in.npz"),
+                               str(d / "out.npz"), str(arena_bytes), str(len(info.outputs))],
+                              capture_output=True, text=True, timeout=600, env=env)
+        if proc.returncode != 0 or not (d / "out.npz").exists():
+            msg = " ".join((proc.stdout + proc.stderr).split())[-400:] or f"exit status {proc.returncode}"
+            raise ConversionError(f"TFLM interpreter failed (arena {arena_bytes} bytes): {msg}")
+        data = np.load(d / "out.npz")
+        by_pos = {t.position: t for t in info.outputs}
+        results = []
+        for s in range(len(samples)):
+            outs = [None] * len(info.outputs)
+            for k, t in enumerate(info.outputs):
+                outs[k] = from_artifact(data[f"out_{t.position}_{s}"], by_pos[t.position])
+            results.append(outs)
+        return results
