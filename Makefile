@@ -2,8 +2,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+WEB := convert/web
+WEB_STAMP := $(WEB)/node_modules/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install browser clean
 
 # Reinstall only when the dependency spec changed.
 $(STAMP): pyproject.toml constraints.txt
@@ -12,13 +14,25 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# LiteRT.js for the web target's in-browser parity (npm registry, lockfile pinned).
+$(WEB_STAMP): $(WEB)/package.json $(WEB)/package-lock.json
+	cd $(WEB) && npm ci --no-audit --no-fund
+	touch $(WEB_STAMP)
 
-demo: $(STAMP)
+# Debian's Chromium runs that page headless. Without root or apt the browser
+# parity tests skip and say why; nothing else depends on it.
+browser: $(WEB_STAMP)
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
+	  echo "chromium could not be installed: browser parity will be skipped"
+
+install: $(STAMP) browser
+
+demo: install
 	$(BIN)/tpu-pipeline doctor
 
-test: $(STAMP)
+test: install
 	$(BIN)/pytest -q
 
 clean:
-	rm -rf $(VENV) dist build *.egg-info
+	rm -rf $(VENV) dist build *.egg-info $(WEB)/node_modules
