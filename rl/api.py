@@ -1,0 +1,197 @@
+"""Library entry points behind `tpu-pipeline rl` and `tpu-pipeline eval`."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import UserError
+from ..files import atomic_write_json
+from .config import RLConfig, load_recipe, to_dict
+
+ENGINES = ("local", "verl")
+
+
+def _log_default(msg: str) -> None:
+    import click
+
+    click.echo(msg, err=True)
+
+
+def validate(cfg: RLConfig) -> None:
+    t, r, d = cfg.trainer, cfg.rollout, cfg.data
+    checks = [
+        (r.n >= 2, f"rollout.n must be >= 2 for group-relative advantages, got {r.n}"),
+        (r.temperature > 0, f"rollout.temperature must be > 0, got {r.temperature}"),
+        (t.prompts_per_step >= 1, f"trainer.prompts_per_step must be >= 1, got {t.prompts_per_step}"),
+        (t.ppo_epochs >= 1 and t.minibatches >= 1, "trainer.ppo_epochs and trainer.minibatches must be >= 1"),
+        (t.steps >= 0, f"trainer.steps must be >= 0, got {t.steps}"),
+        (cfg.optim.lr > 0, f"optim.lr must be > 0, got {cfg.optim.lr}"),
+        (d.max_prompt_length >= 2 and d.max_response_length >= 1, "data.max_prompt_length >= 2 and max_response_length >= 1"),
+        (t.max_nan_steps >= 1, "trainer.max_nan_steps must be >= 1"),
+        (t.reward_timeout_s > 0, "trainer.reward_timeout_s must be > 0"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise UserError(f"recipe {cfg.name}: {msg}")
+    from . import algo
+
+    algo.check(cfg.algorithm)
+
+
+def prepare_config(recipe: str, *, steps: int | None = None, time_budget_s: float | None = None, seed: int | None = None,
+                   data: str | None = None, reward: str | None = None, kernels: str | None = None,
+                   device: str | None = None, policy: str | None = None,
+                   overrides: dict[str, Any] | None = None) -> RLConfig:
+    ov = dict(overrides or {})
+    for key, val in (("trainer.steps", steps), ("trainer.time_budget_s", time_budget_s), ("trainer.seed", seed),
+                     ("data.file", data), ("trainer.reward", reward), ("trainer.kernels", kernels),
+                     ("trainer.device", device), ("policy.path", policy)):
+        if val is not None:
+            ov[key] = val
+    if steps is not None and time_budget_s is None:
+        ov["trainer.time_budget_s"] = 0.0  # an explicit --steps runs exactly that many steps
+    cfg = load_recipe(recipe, ov)
+    validate(cfg)
+    return cfg
+
+
+def _policy_and_optimizer(cfg: RLConfig, platform, log):
+    from .policy import build_optimizer, load_policy, warm_start
+
+    if cfg.policy.path:
+        path = Path(cfg.policy.path)
+        info = {"path": str(path), "cached": None, "seconds": 0.0}
+        carry = path.parent / "optimizer.pt" if cfg.policy.carry_optimizer_state else None
+    else:
+        folder, info = warm_start(cfg.policy.warm_start, cfg.policy.warm_start_overrides, device=cfg.trainer.device,
+                                  kernels=cfg.trainer.kernels, log=log)
+        path = folder / "hf"
+        carry = folder / "optimizer.pt" if cfg.policy.carry_optimizer_state else None
+    model, tok = load_policy(path, platform.device)
+    opt, carried = build_optimizer(model, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+                                   carry_from=carry if carry and carry.is_file() else None)
+    info["optimizer_state_carried"] = carried
+    return model, tok, opt, info
+
+
+def run(recipe: str = "grpo_math", out: str | Path | None = None, *, engine: str = "local", steps: int | None = None,
+        time_budget_s: float | None = None, seed: int | None = None, data: str | None = None,
+        reward: str | None = None, kernels: str | None = None, device: str | None = None,
+        policy: str | None = None, resume: bool = False, overrides: dict[str, Any] | None = None,
+        hooks: Sequence[Callable] = (), progress: bool = True, log: Callable[[str], None] | None = None,
+        dry_run: bool = False, ray_address: str | None = None) -> dict:
+    """Runs an rl recipe; returns the eval figures (DIR/eval.json)."""
+    log = log or _log_default
+    if engine not in ENGINES:
+        raise UserError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
+    t_wall = time.time()
+    cfg = prepare_config(recipe, steps=steps, time_budget_s=time_budget_s, seed=seed, data=data, reward=reward,
+                         kernels=kernels, device=device, policy=policy, overrides=overrides)
+    out = Path(out) if out else Path("runs") / cfg.name
+    if engine == "verl":
+        from .verl_bridge import launch
+
+        return launch(cfg, out, dry_run=dry_run, ray_address=ray_address, log=log)
+    if dry_run:
+        raise UserError("--dry-run applies to --engine verl (it prints the VeRL command and config)")
+    return _run_local(cfg, out, resume=resume, hooks=hooks, progress=progress, log=log, t_wall=t_wall)
+
+
+def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool, log, t_wall: float) -> dict:
+    import torch
+
+    from .. import select_device
+    from . import checkpoint
+    from .data import build_source
+    from .engine import Engine, make_reference, set_threads, write_eval
+    from .metrics import MetricsLog, plot_curve
+    from .policy import save_policy
+    from .rewards import GuardedReward, load_reward
+
+    set_threads(cfg.trainer.threads)
+    platform = select_device(cfg.trainer.device)
+    ckpt = checkpoint.latest(out) if resume else None
+    if resume and ckpt is None:
+        raise UserError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+    if not resume and (out / "metrics.jsonl").exists():
+        raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    source = build_source(cfg.data, cfg.trainer.seed)
+    heldout = source.heldout()
+    reward_fn = load_reward(cfg.trainer.reward)
+    model, tok, opt, ws_info = _policy_and_optimizer(cfg, platform, log)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "config.json", to_dict(cfg))
+    guard = GuardedReward(reward_fn, cfg.trainer.reward_timeout_s)
+    ref = make_reference(model) if (cfg.algorithm.use_kl_loss or cfg.trainer.track_kl) else None
+    eng = Engine(cfg=cfg, model=model, tokenizer=tok, optimizer=opt, source=source, reward=guard, out=out,
+                 device=platform.device, hooks=list(hooks), ref_model=ref)
+    before_path = out / "eval_before.json"
+    if ckpt is not None:
+        before = json.loads(before_path.read_text())
+        eng.restore(ckpt)
+        log(f"resumed from {ckpt} (step {eng.step})")
+    else:
+        log(f"evaluating the starting policy on {len(heldout)} held-out problems")
+        before = {**eng.evaluate(heldout, k=cfg.trainer.eval_k), "policy": ws_info["path"]}
+        atomic_write_json(before_path, before)
+    mlog = MetricsLog(out, progress=progress, total=cfg.trainer.steps)
+    mlog.truncate_after(eng.step)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            eng.train(steps=cfg.trainer.steps, time_budget_s=cfg.trainer.time_budget_s, log=mlog, heldout=heldout)
+    finally:
+        mlog.close()
+        guard.close()
+    if cfg.trainer.save_every and eng.step % cfg.trainer.save_every:
+        eng.save_checkpoint()
+    after = {**eng.evaluate(heldout, k=cfg.trainer.eval_k), "policy": str(out / "policy")}
+    save_policy(model, tok, out / "policy")
+    evals = {
+        "before": before, "after": after,
+        "gain_points": round(100 * (after["accuracy"] - before["accuracy"]), 2),
+        "steps": eng.step, "rl_seconds": round(eng.elapsed, 2),
+        "warm_start": ws_info, "wall_seconds": round(time.time() - t_wall, 2),
+        "totals": eng.totals, "recipe": cfg.name, "device": str(platform.device),
+    }
+    write_eval(out, evals)
+    try:
+        evals["curve"] = str(plot_curve(out, evals))
+    except Exception as e:  # a plotting failure must not lose a finished run
+        log(f"warning: learning-curve plot failed ({type(e).__name__}: {e})")
+    write_eval(out, evals)
+    return evals
+
+
+def evaluate_policy(recipe: str, policy: str | Path, *, seed: int | None = None, n: int | None = None,
+                    k: int | None = None, data: str | None = None, device: str | None = None) -> dict:
+    """Accuracy of any policy folder on held-out problems (or fresh ones for `seed`)."""
+    from .. import select_device
+    from .data import build_source
+    from .evaluate import evaluate
+    from .policy import load_policy
+    from .rewards import GuardedReward, load_reward
+
+    ov: dict[str, Any] = {}
+    if n is not None:
+        if n < 1:
+            raise UserError(f"--n must be >= 1, got {n}")
+        ov["data.heldout_n"] = n
+    cfg = prepare_config(recipe, data=data, device=device, overrides=ov)
+    platform = select_device(cfg.trainer.device)
+    source = build_source(cfg.data, cfg.trainer.seed)
+    if seed is None:
+        problems, split = source.heldout(), "heldout"
+    else:
+        problems, split = source.fresh(cfg.data.heldout_n, seed), f"fresh(seed={seed})"
+    model, tok = load_policy(policy, platform.device)
+    guard = GuardedReward(load_reward(cfg.trainer.reward), cfg.trainer.reward_timeout_s)
+    try:
+        res = evaluate(model, tok, problems, guard, max_prompt_length=cfg.data.max_prompt_length,
+                       max_response_length=cfg.data.max_response_length, overlong=cfg.data.overlong_prompt,
+                       k=cfg.trainer.eval_k if k is None else k, temperature=cfg.trainer.eval_temperature)
+    finally:
+        guard.close()
+    return {"policy": str(policy), "split": split, **res}

@@ -1,0 +1,120 @@
+"""Typed configuration of an RL run, filled from a recipe TOML (rl/recipes/*.toml).
+
+Field names follow VeRL's hydra config where a VeRL key exists (adv_estimator,
+loss_agg_mode, clip_ratio_*, use_kl_loss, kl_loss_coef, kl_loss_type, n), so
+`--engine verl` maps them one to one (see verl_bridge.hydra_overrides).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+from .. import config as _config
+from ..recipes import find_recipe
+
+
+@dataclasses.dataclass(kw_only=True)
+class PolicyConfig:
+    warm_start: str = "arith_lm"
+    warm_start_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    path: str = ""
+    carry_optimizer_state: bool = True
+
+
+@dataclasses.dataclass(kw_only=True)
+class DataConfig:
+    tasks: list[str] = dataclasses.field(default_factory=lambda: ["basic_arithmetic", "chain_sum"])
+    difficulty: dict[str, Any] = dataclasses.field(default_factory=dict)
+    file: str = ""
+    heldout_n: int = 1000
+    max_prompt_length: int = 32
+    max_response_length: int = 12
+    overlong_prompt: Literal["truncate", "refuse"] = "refuse"
+
+
+@dataclasses.dataclass(kw_only=True)
+class RolloutConfig:
+    n: int = 8
+    temperature: float = 1.0
+
+
+@dataclasses.dataclass(kw_only=True)
+class AlgorithmConfig:
+    adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    norm_adv_by_std_in_grpo: bool = True
+    policy_loss: str = "vanilla"
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "low_var_kl"
+    drop_uniform_groups: bool = True
+
+
+@dataclasses.dataclass(kw_only=True)
+class OptimConfig:
+    lr: float = 3e-5
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+
+
+@dataclasses.dataclass(kw_only=True)
+class TrainerConfig:
+    steps: int = 1000
+    time_budget_s: float = 0.0
+    prompts_per_step: int = 64
+    ppo_epochs: int = 1
+    minibatches: int = 1
+    seed: int = 0
+    save_every: int = 25
+    keep_checkpoints: int = 2
+    eval_every: int = 25
+    eval_k: int = 8
+    eval_temperature: float = 1.0
+    reward: str = "tpu_pipeline.rl.rewards:compute_score"
+    reward_timeout_s: float = 5.0
+    max_nan_steps: int = 3
+    track_kl: bool = True
+    device: str = "auto"
+    kernels: Literal["auto", "pallas", "torch"] = "auto"
+    threads: int = 0
+
+
+@dataclasses.dataclass(kw_only=True)
+class VerlConfig:
+    n_gpus_per_node: int = 1
+    nnodes: int = 1
+    rollout_name: str = "vllm"
+    strategy: str = "fsdp"
+    extra_overrides: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(kw_only=True)
+class RLConfig:
+    description: str = ""
+    name: str = ""
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    verl: VerlConfig = dataclasses.field(default_factory=VerlConfig)
+
+
+def load_recipe(recipe: str | Path, overrides: dict[str, Any] | None = None) -> RLConfig:
+    """A shipped rl recipe by name (or a path to a TOML copy) with dotted overrides."""
+    path = find_recipe("rl", str(recipe))
+    cfg = _config.load(RLConfig, path, overrides)
+    if not cfg.name:
+        cfg.name = path.stem
+    return cfg
+
+
+def to_dict(cfg: RLConfig) -> dict:
+    return _config.to_dict(cfg)

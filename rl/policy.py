@@ -1,0 +1,121 @@
+"""The policy: a Hugging Face causal LM and its tokenizer, where it comes from
+(an explicit path, or the arith_lm warm start trained on the spot and cached),
+its optimizer (carrying the warm start's AdamW moments), and saving it.
+
+Loading never runs code from the model folder: `trust_remote_code` stays off
+and weights are read from safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from ..files import atomic_write_json, staged_dir
+
+
+def home() -> Path:
+    return Path(os.environ.get("TPU_PIPELINE_HOME", Path.home() / ".cache" / "tpu-pipeline"))
+
+
+def warm_start_key(recipe: str, overrides: dict[str, Any]) -> str:
+    """Content hash of the train recipe file and the overrides grpo_math applies."""
+    from ..recipes import find_recipe
+
+    path = find_recipe("train", recipe)
+    h = hashlib.sha256(path.read_bytes())
+    h.update(json.dumps(overrides, sort_keys=True, default=str).encode())
+    return f"{path.stem}-{h.hexdigest()[:16]}"
+
+
+def warm_start(recipe: str, overrides: dict[str, Any], *, device: str = "auto", kernels: str = "auto",
+               log=print) -> tuple[Path, dict]:
+    """The cached warm start folder (train's output: hf/, optimizer.pt, eval.json) and
+    facts about it; trains it on the spot when the cache lacks it."""
+    key = warm_start_key(recipe, overrides)
+    final = home() / "warm_start" / key
+    info = {"recipe": recipe, "overrides": overrides, "path": str(final / "hf"), "cached": True, "seconds": 0.0}
+    if (final / "hf" / "config.json").is_file():
+        return final, info
+    from .. import train
+
+    log(f"warm start: training {recipe} (cached afterwards at {final})")
+    t0 = time.time()
+    with staged_dir(final) as stage:
+        train.run(recipe, stage, device=device, kernels=kernels, overrides=overrides or None)
+        if not (stage / "hf" / "config.json").is_file():
+            raise UserError(f"warm start {recipe}: train.run wrote no hf/ folder")
+        atomic_write_json(stage / "warm_start.json", {"recipe": recipe, "overrides": overrides,
+                                                      "seconds": time.time() - t0})
+    info.update(cached=False, seconds=time.time() - t0)
+    return final, info
+
+
+def load_policy(path: str | Path, device=None):
+    """(model, tokenizer) from a Hugging Face folder, in float32 on `device`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise UserError(f"policy {path}: not a Hugging Face model folder (no config.json)")
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, use_safetensors=True,
+                                                     dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        raise UserError(f"policy {path}: cannot load ({str(e).splitlines()[0]})") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    if device is not None:
+        model.to(device)
+    return model, tok
+
+
+def save_policy(model, tokenizer, out: str | Path) -> Path:
+    """A Hugging Face folder (config.json, model.safetensors, tokenizer files), written atomically."""
+    out = Path(out)
+    with staged_dir(out) as stage:
+        model.save_pretrained(stage, safe_serialization=True)
+        tokenizer.save_pretrained(stage)
+    return out
+
+
+def build_optimizer(model, *, lr: float, weight_decay: float, carry_from: str | Path | None):
+    """AdamW over `model.named_parameters()`; with `carry_from` (train's optimizer.pt),
+    the warm start's moments and step counts are loaded first and our lr applied after.
+
+    DESIGN.md: a fresh Adam (zero moments, bias correction at step 1) was the main
+    cause of GRPO collapsing this tiny model; carrying the moments keeps its
+    per-parameter step sizes where supervised training left them.
+    """
+    import torch
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = dict(model.named_parameters())
+    if carry_from is None or not Path(carry_from).is_file():
+        opt = torch.optim.AdamW([params[n] for n in names], lr=lr, weight_decay=weight_decay)
+        return opt, False
+    saved = torch.load(carry_from, map_location="cpu", weights_only=True)
+    saved_names = list(saved.get("param_names", []))
+    sd = saved["state_dict"]
+    if sorted(saved_names) != sorted(names):
+        missing = sorted(set(names) ^ set(saved_names))[:3]
+        raise UserError(f"{carry_from}: optimizer parameters do not match the policy's (e.g. {missing})")
+    groups = []
+    for g in sd["param_groups"]:
+        groups.append({**{k: v for k, v in g.items() if k != "params"},
+                       "params": [params[saved_names[i]] for i in g["params"]]})
+    opt = torch.optim.AdamW(groups, lr=lr)
+    opt.load_state_dict(sd)
+    for g in opt.param_groups:
+        g["lr"] = lr
+        g["initial_lr"] = lr
+        g["weight_decay"] = weight_decay
+    return opt, True

@@ -1,0 +1,157 @@
+"""A VeRL platform for TorchTPU: device "tpu", Ray resource "TPU".
+
+Registered with `verl.plugin.platform.PlatformRegistry` under the name "tpu"
+by `register()`, which this module calls on import only where `torch_tpu` is
+installed (VeRL workers import it through
+`actor_rollout_ref.model.external_lib=tpu_pipeline.rl.tpu_platform`, set by
+`--engine verl` on a TPU host, with VERL_PLATFORM=tpu).
+
+Not yet verified on TPU hardware: unit-tested with a fake `torch_tpu` only.
+The collective backend is the one torch_tpu registers with torch.distributed
+("tpu" when present), else gloo; TPU_PIPELINE_TPU_DIST_BACKEND overrides it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+from types import ModuleType
+from typing import Any, Optional
+
+from .._tpu_guard import tpu_hardware_present
+
+PLATFORM_NAME = "tpu"
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _tpu() -> ModuleType:
+    torch = _torch()
+    importlib.import_module("torch_tpu")  # registers torch.tpu
+    tpu = getattr(torch, "tpu", None)
+    if tpu is None:
+        raise RuntimeError("torch_tpu is installed but torch.tpu is missing")
+    return tpu
+
+
+def _platform_class():
+    from verl.plugin.platform import PlatformBase
+
+    class PlatformTPU(PlatformBase):
+        """TorchTPU behind VeRL's platform interface."""
+
+        @property
+        def device_name(self) -> str:
+            return "tpu"
+
+        @property
+        def vendor_name(self) -> str:
+            return "google"
+
+        @property
+        def device_module(self) -> ModuleType:
+            return _tpu()
+
+        def is_available(self) -> bool:
+            try:
+                return bool(_tpu().is_available())
+            except Exception:  # noqa: BLE001 - a missing runtime means "not available"
+                return False
+
+        def is_platform_available(self, use_smi_check=False) -> bool:
+            # CPU-only Ray actors on a TPU host see the hardware but no device: say yes
+            # there without loading torch_tpu (which could start libtpu).
+            if use_smi_check:
+                return importlib.util.find_spec("torch_tpu") is not None and tpu_hardware_present()
+            return self.is_available()
+
+        def current_device(self) -> int:
+            return int(_tpu().current_device())
+
+        def device_count(self) -> int:
+            return int(_tpu().device_count())
+
+        def set_device(self, device_index: int) -> None:
+            _tpu().set_device(device_index)
+
+        def synchronize(self, device_index: Optional[int] = None) -> None:
+            tpu = _tpu()
+            if hasattr(tpu, "synchronize"):
+                tpu.synchronize(device_index) if device_index is not None else tpu.synchronize()
+
+        def manual_seed(self, seed: int) -> None:
+            tpu = _tpu()
+            (tpu.manual_seed if hasattr(tpu, "manual_seed") else _torch().manual_seed)(seed)
+
+        def manual_seed_all(self, seed: int) -> None:
+            tpu = _tpu()
+            (tpu.manual_seed_all if hasattr(tpu, "manual_seed_all") else self.manual_seed)(seed)
+
+        def set_allocator_settings(self, settings: str) -> None:
+            return  # no caching-allocator knobs exposed by TorchTPU
+
+        def empty_cache(self) -> None:
+            tpu = _tpu()
+            if hasattr(tpu, "empty_cache"):
+                tpu.empty_cache()
+
+        def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+            return (None, None)
+
+        def communication_backend_name(self) -> str:
+            override = os.environ.get("TPU_PIPELINE_TPU_DIST_BACKEND")
+            if override:
+                return override
+            import torch.distributed as dist
+
+            return "tpu" if "tpu" in getattr(dist.Backend, "backend_list", []) else "gloo"
+
+        def visible_devices_envvar(self) -> str:
+            return "TPU_VISIBLE_CHIPS"
+
+        @contextlib.contextmanager
+        def nvtx_range(self, msg: str):
+            yield
+
+        def profiler_start(self) -> None:
+            return
+
+        def profiler_stop(self) -> None:
+            return
+
+        def ray_resource_name(self) -> str:
+            return "TPU"
+
+        def ray_noset_envvars(self) -> list[str]:
+            return ["RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS"]
+
+        def is_ipc_supported(self) -> bool:
+            return False
+
+        def cudart(self) -> Any:
+            return None
+
+    return PlatformTPU
+
+
+_registered = None
+
+
+def register():
+    """Registers the TPU platform with VeRL (idempotent); returns its class."""
+    global _registered
+    if _registered is None:
+        from verl.plugin.platform import PlatformRegistry
+
+        _registered = PlatformRegistry.register(platform=PLATFORM_NAME)(_platform_class())
+    return _registered
+
+
+if importlib.util.find_spec("torch_tpu") is not None:
+    register()

@@ -1,0 +1,51 @@
+"""Fixtures for the rl tests: a tiny random Llama policy (char tokenizer of
+tpu_pipeline.train.arith) saved as a Hugging Face folder, and small overrides
+that keep every run to a few seconds on 2 CPU cores."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+
+SMALL = {
+    "data.heldout_n": 40,
+    "trainer.prompts_per_step": 8,
+    "rollout.n": 4,
+    "trainer.eval_k": 2,
+    "trainer.eval_every": 0,
+    "trainer.save_every": 2,
+    "trainer.threads": 1,
+    "trainer.time_budget_s": 0.0,
+    "trainer.kernels": "torch",
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tmp_path_factory) -> Path:
+    import torch
+
+    from tpu_pipeline.train import arith
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny_policy")
+    tok = arith.build_tokenizer()
+    model = arith.build_model(**TINY)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def test_rewards(monkeypatch):
+    """Makes tests/rl/rewards_for_tests.py importable as `rewards_for_tests`."""
+    monkeypatch.syspath_prepend(str(HERE))
+    sys.modules.pop("rewards_for_tests", None)
+    import rewards_for_tests
+
+    return rewards_for_tests
