@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, pad_axis, round_up
+from ._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, pad_axis, round_up, kernel_jit
 
 
 def _mask(rows, cols, *, sk: int, offset: int, causal: bool):
@@ -127,7 +127,7 @@ def _geometry(q, k, block_q, block_k):
 _STATIC = ("causal", "scale", "block_q", "block_k", "interpret", "poison")
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@kernel_jit(static_argnames=_STATIC)
 def attention_fwd(q, k, v, *, causal: bool, scale: float, block_q: int, block_k: int, interpret: bool,
                   poison: bool = False):
     """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] -> (o [B, Hq, Sq, D], lse [B, Hq, Sq] float32/64)."""
@@ -148,7 +148,7 @@ def attention_fwd(q, k, v, *, causal: bool, scale: float, block_q: int, block_k:
     return o[:, :, :sq], lse[:, :, :sq]
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@kernel_jit(static_argnames=_STATIC)
 def attention_bwd(q, k, v, o, lse, do, *, causal: bool, scale: float, block_q: int, block_k: int,
                   interpret: bool, poison: bool = False):
     """-> (dq, dk, dv) shaped like q, k, v."""

@@ -51,11 +51,15 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _device_type(t: Tensor) -> str:
+    return t.device.type
+
+
 def _run(fn, tensors: Sequence[Tensor], **static) -> tuple[Tensor, ...]:
     import jax
 
     tensors = [t.detach().contiguous() for t in tensors]
-    if tensors[0].device.type == "tpu":
+    if _device_type(tensors[0]) == "tpu":
         return _tpu.run(fn, tensors, static)
     x64 = any(t.dtype == torch.float64 for t in tensors)
     with jax.enable_x64(x64):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -72,3 +74,25 @@ def call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, poiso
         return raw(*args, *fills)
 
     return run
+
+
+def kernel_jit(*, static_argnames):
+    """jax.jit that compiles interpret-mode calls with XLA's optimiser off.
+
+    Interpret mode is a correctness tool: its compile time, not its run time,
+    dominates (about half with optimisation level 0). Native calls compile as usual.
+    """
+    fast = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+    def wrap(fn):
+        native = jax.jit(fn, static_argnames=static_argnames)
+        interp = jax.jit(fn, static_argnames=static_argnames, compiler_options=fast)
+
+        @functools.wraps(fn)
+        def run(*args, interpret: bool, **kw):
+            return (interp if interpret else native)(*args, interpret=interpret, **kw)
+
+        run.native, run.interpreted = native, interp
+        return run
+
+    return wrap

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, pad_axis, round_up
+from ._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, pad_axis, round_up, kernel_jit
 
 
 def _lse_step(carry, s, cols, lab):
@@ -82,7 +82,7 @@ def _vocab(v, block_vocab):
 _STATIC = ("block_rows", "block_vocab", "interpret", "poison")
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@kernel_jit(static_argnames=_STATIC)
 def token_logprobs_fwd(x, labels, *, block_rows: int, block_vocab: int, interpret: bool, poison: bool = False):
     """x [N, V], labels [N] int32 -> (logprobs [N], lse [N]) in float32 (float64 for float64 x)."""
     n, v = x.shape
@@ -101,7 +101,7 @@ def token_logprobs_fwd(x, labels, *, block_rows: int, block_vocab: int, interpre
     return lp[:n, 0], lse[:n, 0]
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@kernel_jit(static_argnames=_STATIC)
 def token_logprobs_bwd(x, labels, lse, g, *, block_rows: int, block_vocab: int, interpret: bool,
                        poison: bool = False):
     """-> d x [N, V] in x.dtype."""
@@ -171,7 +171,7 @@ def _ltl_dw_kernel(h_ref, w_ref, lab_ref, lse_ref, g_ref, dw_ref, *, br, v, nr):
     dw_ref[...] = lax.fori_loop(0, nr, body, jnp.zeros(w.shape, acc)).astype(dw_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@kernel_jit(static_argnames=_STATIC)
 def linear_token_logprobs_fwd(h, w, labels, *, block_rows: int, block_vocab: int, interpret: bool,
                               poison: bool = False):
     """h [N, H], w [V, H], labels [N] -> (logprobs [N], lse [N]) float32 (float64 for float64 h)."""
@@ -190,7 +190,7 @@ def linear_token_logprobs_fwd(h, w, labels, *, block_rows: int, block_vocab: int
     return lp[:n, 0], lse[:n, 0]
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@kernel_jit(static_argnames=_STATIC)
 def linear_token_logprobs_bwd(h, w, labels, lse, g, *, block_rows: int, block_vocab: int, interpret: bool,
                               poison: bool = False):
     """-> (d h [N, H] in h.dtype, d w [V, H] in w.dtype)."""

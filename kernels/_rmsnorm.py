@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ._common import acc_dtype, call, pad_axis, round_up
+from ._common import acc_dtype, call, pad_axis, round_up, kernel_jit
 
 
 def _fwd_kernel(x_ref, w_ref, y_ref, rstd_ref, *, eps: float, d: int):
@@ -40,7 +40,7 @@ def _bwd_kernel(x_ref, w_ref, rstd_ref, dy_ref, dx_ref, dw_ref, *, d: int):
     dw_ref[...] = jnp.sum(dy * xhat, axis=0, keepdims=True).astype(dw_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "block_rows", "interpret", "poison"))
+@kernel_jit(static_argnames=("eps", "block_rows", "interpret", "poison"))
 def rms_norm_fwd(x, w, *, eps: float, block_rows: int, interpret: bool, poison: bool = False):
     """x [N, D], w [D] -> (y [N, D] in x.dtype, rstd [N, 1] float32/64)."""
     n, d = x.shape
@@ -59,7 +59,7 @@ def rms_norm_fwd(x, w, *, eps: float, block_rows: int, interpret: bool, poison: 
     return y[:n], rstd[:n]
 
 
-@functools.partial(jax.jit, static_argnames=("block_rows", "interpret", "poison"))
+@kernel_jit(static_argnames=("block_rows", "interpret", "poison"))
 def rms_norm_bwd(x, w, rstd, dy, *, block_rows: int, interpret: bool, poison: bool = False):
     """-> (dx [N, D] in x.dtype, dw [D] in w.dtype)."""
     n, d = x.shape
