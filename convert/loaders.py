@@ -94,6 +94,8 @@ def _sniff(path: Path) -> str:
             head = f.read(2)
         if head[:1] == b"\x80":
             return "torch-save"
+        if head == b"PK":  # a zip's directory sits at its end: a cut-off zip loses it
+            raise UserError(f"{path} is a damaged zip archive (no central directory); the file is probably truncated")
         raise UserError(f"{path} is not a PyTorch model file (not a torch.save/torch.export zip archive)")
     try:
         with zipfile.ZipFile(path) as z:
@@ -160,10 +162,10 @@ def _load_torch_save(path: Path, input_shapes, model_class, model_kwargs, trust_
             raise UserError(f"{path} is a state_dict (weights only): pass --model-class pkg.module:Class "
                             "[--model-kwargs JSON] so convert can build the model")
         module = _build(model_class, _kwargs(model_kwargs), path)
-        _load_state(module, obj, path)
+        notes = _load_state(module, obj, path)
         args = _shapes_or_example(module, input_shapes, path)
         return LoadedModel(module=module, sample_args=args, source_format="state_dict + --model-class",
-                           input_names=[f"input_{i}" for i in range(len(args))])
+                           input_names=[f"input_{i}" for i in range(len(args))], notes=notes)
     raise UserError(f"{path}: holds a {type(obj).__name__}, not a model, state_dict or tpu-pipeline manifest")
 
 
@@ -181,7 +183,7 @@ def _from_manifest(m: dict, path: Path, input_shapes, model_class, model_kwargs)
                         "its code, so pass it explicitly with --model-class if you trust it")
     kwargs = _kwargs(model_kwargs) if model_kwargs else dict(m.get("model_kwargs") or {})
     module = _build(cls_path, kwargs, path)
-    _load_state(module, m.get("state_dict") or {}, path)
+    notes = _load_state(module, m.get("state_dict") or {}, path)
     if input_shapes:
         args = tuple(_random_input(*parse_input_shape(s)) for s in input_shapes)
     else:
@@ -190,7 +192,7 @@ def _from_manifest(m: dict, path: Path, input_shapes, model_class, model_kwargs)
             args = _shapes_or_example(module, input_shapes, path)
     names = list(m.get("input_names") or [f"input_{i}" for i in range(len(args))])
     return LoadedModel(module=module, sample_args=args, source_format="tpu-pipeline model.pt manifest",
-                       input_names=names, output_names=m.get("output_names"), task=m.get("task"))
+                       input_names=names, output_names=m.get("output_names"), task=m.get("task"), notes=notes)
 
 
 def _load_hf_folder(path: Path, input_shapes, seq_len) -> LoadedModel:
@@ -255,12 +257,17 @@ def _build(spec: str, kwargs: dict, path: Path) -> nn.Module:
         raise UserError(f"{spec}({', '.join(kwargs)}): {_first_line(e)}") from None
 
 
-def _load_state(module: nn.Module, state: dict, path: Path) -> None:
+def _load_state(module: nn.Module, state: dict, path: Path) -> list[str]:
+    saved = sorted({str(v.dtype).replace("torch.", "") for v in state.values()
+                    if isinstance(v, torch.Tensor) and v.is_floating_point()} - {"float32"})
+    devices = sorted({str(v.device) for v in state.values() if isinstance(v, torch.Tensor)} - {"cpu"})
     state = {k: (v.float() if v.is_floating_point() else v).cpu() for k, v in state.items()}
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise UserError(f"{path}: weights do not fit {type(module).__name__}: {_first_line(e)}") from None
+    notes = [f"weights were saved as {', '.join(saved)}; cast to float32 before export"] if saved else []
+    return notes + ([f"weights were on {', '.join(devices)}; loaded on cpu"] if devices else [])
 
 
 def _shapes_or_example(module, input_shapes, path) -> tuple:

@@ -1,0 +1,47 @@
+"""Builders for the model files the convert tests feed in (all tiny, all local)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tpu_pipeline.convert import reference_models as R
+
+RM = "tpu_pipeline.convert.reference_models"
+
+
+def manifest(cls, path: Path, *, task="classification", dtype=None, **kwargs) -> Path:
+    torch.manual_seed(0)
+    m = getattr(R, cls)(**kwargs).eval()
+    state = m.state_dict()
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    torch.save({"format": "tpu-pipeline/model@1", "model_class": f"{RM}:{cls}", "model_kwargs": kwargs,
+                "state_dict": state, "example_inputs": list(m.example_inputs()),
+                "input_names": ["x"], "output_names": ["logits"], "task": task, "recipe": "test", "metrics": {}},
+               path)
+    return path
+
+
+def hf_llama(path: Path) -> Path:
+    import transformers
+
+    torch.manual_seed(0)
+    # initializer_range 0.5: activations well above RMSNorm's eps (see README: a tiny std-0.02 model
+    # shows a 1e-3 relative float32 deviation that comes from the norm's eps handling).
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                                   initializer_range=0.5)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+class Touch:
+    """Creates a file when unpickled: the malicious pickle the loader must refuse."""
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
