@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, pad_axis, round_up, kernel_jit
+from ._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, kernel_jit, pad_axis, round_up, scalar_spec
 
 
 def _mask(rows, cols, *, sk: int, offset: int, causal: bool):
@@ -33,9 +33,11 @@ def _mask(rows, cols, *, sk: int, offset: int, causal: bool):
     return m
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, causal, bq, bk, sk, offset, nk):
+def _fwd_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, causal, bq, bk, sq, nk):
     acc = acc_dtype(q_ref.dtype)
     qi = pl.program_id(2)
+    sk = len_ref[0]
+    offset = sk - sq
     q = q_ref[...]
     rows = qi * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
     cols0 = lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
@@ -64,9 +66,11 @@ def _fwd_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, causal, bq, bk, s
     lse_ref[...] = jnp.where(seen, m + jnp.log(l_safe), 0.0)[:, 0]
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, scale, causal, bq, bk, sk, offset, nk):
+def _dq_kernel(len_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, scale, causal, bq, bk, sq, nk):
     acc = acc_dtype(q_ref.dtype)
     qi = pl.program_id(2)
+    sk = len_ref[0]
+    offset = sk - sq
     q, do = q_ref[...], do_ref[...]
     lse = lse_ref[...][:, None]
     delta = delta_ref[...][:, None]
@@ -86,10 +90,12 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, scale
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
-                scale, causal, bq, bk, sq, sk, offset, nq):
+def _dkv_kernel(len_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
+                scale, causal, bq, bk, sq, nq):
     acc = acc_dtype(q_ref.dtype)
     kj = pl.program_id(2)
+    sk = len_ref[0]
+    offset = sk - sq
     k, v = k_ref[...], v_ref[...]
     rows0 = lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
     cols = kj * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
@@ -124,32 +130,41 @@ def _geometry(q, k, block_q, block_k):
     return b, hq, hkv, sq, sk, d, bq, bk, round_up(sq, bq), round_up(sk, bk)
 
 
+def kv_bucket(sk: int, block_k: int) -> int:
+    """Key length the caller pads k/v to, so that a growing KV cache (one more key per
+    decode step) reuses one compiled kernel per bucket instead of compiling per step."""
+    return round_up(sk, block_k if sk > block_k else 8)
+
+
 _STATIC = ("causal", "scale", "block_q", "block_k", "interpret", "poison")
 
 
 @kernel_jit(static_argnames=_STATIC)
-def attention_fwd(q, k, v, *, causal: bool, scale: float, block_q: int, block_k: int, interpret: bool,
+def attention_fwd(q, k, v, kv_len, *, causal: bool, scale: float, block_q: int, block_k: int, interpret: bool,
                   poison: bool = False):
-    """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] -> (o [B, Hq, Sq, D], lse [B, Hq, Sq] float32/64)."""
+    """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] -> (o [B, Hq, Sq, D], lse [B, Hq, Sq] float32/64).
+
+    kv_len: int32 [1], the keys in use (<= Sk; the rest is padding). It is data, not a
+    compile-time constant, so decode steps of one bucket share a compiled kernel.
+    """
     b, hq, hkv, sq, sk, d, bq, bk, sq_p, sk_p = _geometry(q, k, block_q, block_k)
     g = hq // hkv
     qp, kp, vp = pad_axis(q, 2, sq_p), pad_axis(k, 2, sk_p), pad_axis(v, 2, sk_p)
-    kern = functools.partial(_fwd_kernel, scale=scale, causal=causal, bq=bq, bk=bk, sk=sk,
-                             offset=sk - sq, nk=sk_p // bk)
+    kern = functools.partial(_fwd_kernel, scale=scale, causal=causal, bq=bq, bk=bk, sq=sq, nk=sk_p // bk)
     qspec = pl.BlockSpec((None, None, bq, d), lambda bi, h, i: (bi, h, i, 0))
     kvspec = pl.BlockSpec((None, None, sk_p, d), lambda bi, h, i: (bi, h // g, 0, 0))
     o, lse = call(
-        kern, grid=(b, hq, sq_p // bq), in_specs=[qspec, kvspec, kvspec],
+        kern, grid=(b, hq, sq_p // bq), in_specs=[scalar_spec(), qspec, kvspec, kvspec],
         out_specs=[qspec, pl.BlockSpec((None, None, bq), lambda bi, h, i: (bi, h, i))],
         out_shape=[jax.ShapeDtypeStruct((b, hq, sq_p, d), q.dtype),
                    jax.ShapeDtypeStruct((b, hq, sq_p), acc_dtype(q.dtype))],
         interpret=interpret, poison=poison, name="flash_attention_fwd",
-    )(qp, kp, vp)
+    )(kv_len, qp, kp, vp)
     return o[:, :, :sq], lse[:, :, :sq]
 
 
 @kernel_jit(static_argnames=_STATIC)
-def attention_bwd(q, k, v, o, lse, do, *, causal: bool, scale: float, block_q: int, block_k: int,
+def attention_bwd(q, k, v, kv_len, o, lse, do, *, causal: bool, scale: float, block_q: int, block_k: int,
                   interpret: bool, poison: bool = False):
     """-> (dq, dk, dv) shaped like q, k, v."""
     b, hq, hkv, sq, sk, d, bq, bk, sq_p, sk_p = _geometry(q, k, block_q, block_k)
@@ -160,28 +175,28 @@ def attention_bwd(q, k, v, o, lse, do, *, causal: bool, scale: float, block_q: i
     qp, dop = pad_axis(q, 2, sq_p), pad_axis(do, 2, sq_p)
     lsep, deltap = pad_axis(lse, 2, sq_p), pad_axis(delta, 2, sq_p)
     kp, vp = pad_axis(k, 2, sk_p), pad_axis(v, 2, sk_p)
-    common = dict(scale=scale, causal=causal, bq=bq, bk=bk, sk=sk, offset=sk - sq)
+    common = dict(scale=scale, causal=causal, bq=bq, bk=bk, sq=sq)
 
     qblk = pl.BlockSpec((None, None, bq, d), lambda bi, h, i: (bi, h, i, 0))
     rowblk = pl.BlockSpec((None, None, bq), lambda bi, h, i: (bi, h, i))
     kvfull = pl.BlockSpec((None, None, sk_p, d), lambda bi, h, i: (bi, h // g, 0, 0))
     (dq,) = call(
         functools.partial(_dq_kernel, nk=sk_p // bk, **common), grid=(b, hq, sq_p // bq),
-        in_specs=[qblk, kvfull, kvfull, qblk, rowblk, rowblk], out_specs=[qblk],
+        in_specs=[scalar_spec(), qblk, kvfull, kvfull, qblk, rowblk, rowblk], out_specs=[qblk],
         out_shape=[jax.ShapeDtypeStruct((b, hq, sq_p, d), q.dtype)],
         interpret=interpret, poison=poison, name="flash_attention_dq",
-    )(qp, kp, vp, dop, lsep, deltap)
+    )(kv_len, qp, kp, vp, dop, lsep, deltap)
 
     qfull = pl.BlockSpec((None, None, sq_p, d), lambda bi, h, j: (bi, h, 0, 0))
     rowfull = pl.BlockSpec((None, None, sq_p), lambda bi, h, j: (bi, h, 0))
     kvblk = pl.BlockSpec((None, None, bk, d), lambda bi, h, j: (bi, h // g, j, 0))
     outblk = pl.BlockSpec((None, None, bk, d), lambda bi, h, j: (bi, h, j, 0))
     dk, dv = call(
-        functools.partial(_dkv_kernel, sq=sq, nq=sq_p // bq, **common), grid=(b, hq, sk_p // bk),
-        in_specs=[qfull, kvblk, kvblk, qfull, rowfull, rowfull], out_specs=[outblk, outblk],
+        functools.partial(_dkv_kernel, nq=sq_p // bq, **common), grid=(b, hq, sk_p // bk),
+        in_specs=[scalar_spec(), qfull, kvblk, kvblk, qfull, rowfull, rowfull], out_specs=[outblk, outblk],
         out_shape=[jax.ShapeDtypeStruct((b, hq, sk_p, d), acc)] * 2,
         interpret=interpret, poison=poison, name="flash_attention_dkv",
-    )(qp, kp, vp, dop, lsep, deltap)
+    )(kv_len, qp, kp, vp, dop, lsep, deltap)
     # Per-query-head partials -> sum over the heads that share a key/value head.
     dk = dk[:, :, :sk].reshape(b, hkv, g, sk, d).sum(axis=2).astype(k.dtype)
     dv = dv[:, :, :sk].reshape(b, hkv, g, sk, d).sum(axis=2).astype(v.dtype)

@@ -1,5 +1,9 @@
 """PyTorch bridge: one torch.library custom op per kernel direction.
 
+Fake (meta) implementations return contiguous tensors, as the real ones do:
+empty_like would copy a transposed input's strides and mislead the views that
+torch.compile builds on the output.
+
 Each forward op returns what its backward needs (rstd, log-sum-exp), and
 `register_autograd` wires the Pallas backward op to it, so autograd and
 torch.compile (through the fake implementations) see ordinary ops. Tensors
@@ -80,7 +84,7 @@ def _rms_fwd(x: Tensor, weight: Tensor, eps: float, block_rows: int) -> tuple[Te
 
 @_rms_fwd.register_fake
 def _(x, weight, eps, block_rows):
-    return torch.empty_like(x), x.new_empty((x.numel() // x.shape[-1], 1), dtype=_acc(x.dtype))
+    return x.new_empty(x.shape), x.new_empty((x.numel() // x.shape[-1], 1), dtype=_acc(x.dtype))
 
 
 @torch.library.custom_op("tpu_pipeline::rms_norm_bwd", mutates_args=())
@@ -92,7 +96,7 @@ def _rms_bwd(x: Tensor, weight: Tensor, rstd: Tensor, dy: Tensor, block_rows: in
 
 @_rms_bwd.register_fake
 def _(x, weight, rstd, dy, block_rows):
-    return torch.empty_like(x), torch.empty_like(weight)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
 
 
 def _rms_setup(ctx, inputs, output):
@@ -119,27 +123,41 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, block_rows: int | None) -> T
 
 # ---------------------------------------------------------------- flash attention
 
+def _kv_padded(k: Tensor, v: Tensor, block_k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """k, v padded along the sequence to the kernel's bucket, and the true length as data."""
+    sk = k.shape[2]
+    pad = A.kv_bucket(sk, block_k) - sk
+    if pad:
+        k = torch.nn.functional.pad(k, (0, 0, 0, pad))
+        v = torch.nn.functional.pad(v, (0, 0, 0, pad))
+    return k, v, torch.tensor([sk], dtype=torch.int32, device=k.device)
+
+
 @torch.library.custom_op("tpu_pipeline::flash_attention_fwd", mutates_args=())
 def _attn_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, block_q: int,
               block_k: int) -> tuple[Tensor, Tensor]:
-    return _run(A.attention_fwd, [q, k, v], causal=causal, scale=scale, block_q=block_q, block_k=block_k)
+    k, v, kv_len = _kv_padded(k, v, block_k)
+    return _run(A.attention_fwd, [q, k, v, kv_len], causal=causal, scale=scale, block_q=block_q, block_k=block_k)
 
 
 @_attn_fwd.register_fake
 def _(q, k, v, causal, scale, block_q, block_k):
-    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=_acc(q.dtype))
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=_acc(q.dtype))
 
 
 @torch.library.custom_op("tpu_pipeline::flash_attention_bwd", mutates_args=())
 def _attn_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, causal: bool, scale: float,
               block_q: int, block_k: int) -> tuple[Tensor, Tensor, Tensor]:
-    return _run(A.attention_bwd, [q, k, v, o, lse, do], causal=causal, scale=scale, block_q=block_q,
-                block_k=block_k)
+    sk = k.shape[2]
+    kp, vp, kv_len = _kv_padded(k, v, block_k)
+    dq, dk, dv = _run(A.attention_bwd, [q, kp, vp, kv_len, o, lse, do], causal=causal, scale=scale,
+                      block_q=block_q, block_k=block_k)
+    return dq, dk[:, :, :sk].contiguous(), dv[:, :, :sk].contiguous()
 
 
 @_attn_bwd.register_fake
 def _(q, k, v, o, lse, do, causal, scale, block_q, block_k):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _attn_setup(ctx, inputs, output):
@@ -193,7 +211,7 @@ def _tl_bwd(logits: Tensor, labels: Tensor, lse: Tensor, g: Tensor, block_rows: 
 
 @_tl_bwd.register_fake
 def _(logits, labels, lse, g, block_rows, block_vocab):
-    return torch.empty_like(logits)
+    return logits.new_empty(logits.shape)
 
 
 def _tl_setup(ctx, inputs, output):
@@ -245,7 +263,7 @@ def _ltl_bwd(hidden: Tensor, weight: Tensor, labels: Tensor, lse: Tensor, g: Ten
 
 @_ltl_bwd.register_fake
 def _(hidden, weight, labels, lse, g, block_rows, block_vocab):
-    return torch.empty_like(hidden), torch.empty_like(weight)
+    return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape)
 
 
 def _ltl_setup(ctx, inputs, output):

@@ -96,3 +96,15 @@ def kernel_jit(*, static_argnames):
         return run
 
     return wrap
+
+
+def scalar_spec():
+    """BlockSpec for a small int32 array of run-time scalars (lengths) every program reads.
+
+    On TPU scalars live in SMEM; elsewhere the whole array is one block.
+    """
+    if jax.default_backend() == "tpu":
+        from jax.experimental.pallas import tpu as pltpu
+
+        return pl.BlockSpec(memory_space=pltpu.SMEM)
+    return pl.BlockSpec((1,), lambda *_: (0,))

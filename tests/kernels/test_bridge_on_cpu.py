@@ -1,0 +1,124 @@
+"""The PyTorch bridge: implementation choice, bad input, torch.compile, the TorchTPU route."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.kernels import _bridge, _reference as ref, _tpu
+from tpu_pipeline.kernels import flash_attention, linear_token_logprobs, rms_norm, token_logprobs
+
+
+class Block(torch.nn.Module):
+    """A miniature decoder step: RMSNorm -> causal attention -> fused LM head log-probs."""
+
+    def __init__(self, dim=16, heads=2, kv_heads=1, vocab=50, impl="pallas"):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.impl, self.heads, self.kv_heads, self.hd = impl, heads, kv_heads, dim // heads
+        self.norm = torch.nn.Parameter(1 + 0.1 * torch.randn(dim, generator=g))
+        self.q = torch.nn.Parameter(torch.randn(dim, dim, generator=g) * dim ** -0.5)
+        self.kv = torch.nn.Parameter(torch.randn(2 * kv_heads * self.hd, dim, generator=g) * dim ** -0.5)
+        self.head = torch.nn.Parameter(torch.randn(vocab, dim, generator=g) * dim ** -0.5)
+
+    def forward(self, x, labels):
+        B, S, D = x.shape
+        h = rms_norm(x, self.norm, impl=self.impl, block_rows=8)
+        q = (h @ self.q.t()).view(B, S, self.heads, self.hd).transpose(1, 2)
+        k, v = (h @ self.kv.t()).view(B, S, 2, self.kv_heads, self.hd).permute(2, 0, 3, 1, 4)
+        a = flash_attention(q, k, v, impl=self.impl, block_q=8, block_k=8).transpose(1, 2).reshape(B, S, D)
+        return linear_token_logprobs(x + a, self.head, labels, impl=self.impl, block_rows=8, block_vocab=128)
+
+
+def test_torch_compile_fullgraph_traces_through_the_kernels():
+    x = torch.randn(2, 11, 16)
+    labels = torch.randint(0, 50, (2, 11))
+    eager, compiled_model = Block(), Block()
+    want = eager(x, labels)
+    want.sum().backward()
+    torch._dynamo.reset()
+    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
+    got = compiled(x, labels)
+    got.sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(compiled_model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5, msg=name)
+    # And the same module with the torch references agrees with the kernels.
+    torch.testing.assert_close(Block(impl="torch")(x, labels), want, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_picks_torch_on_cpu_and_pallas_is_forced(monkeypatch):
+    calls = []
+    monkeypatch.setattr(_bridge, "rms_norm", lambda *a: calls.append(a) or ref.rms_norm(*a[:3]))
+    x, w = torch.randn(4, 8), torch.randn(8)
+    rms_norm(x, w, impl="auto")
+    rms_norm(x, w, impl="torch")
+    assert calls == []
+    rms_norm(x, w, impl="pallas")
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: rms_norm(torch.randn(4, 8), torch.randn(7)), "weight shape"),
+    (lambda: rms_norm(torch.randn(4, 8), torch.randn(8), impl="cuda"), "valid: auto, pallas, torch"),
+    (lambda: flash_attention(torch.randn(1, 3, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)), "multiple"),
+    (lambda: flash_attention(torch.randn(3, 4, 8), torch.randn(3, 4, 8), torch.randn(3, 4, 8)), "batch, heads"),
+    (lambda: token_logprobs(torch.randn(2, 5, 10), torch.zeros(2, 4, dtype=torch.long)), "must match"),
+    (lambda: token_logprobs(torch.randn(2, 10), torch.zeros(2)), "integer"),
+    (lambda: linear_token_logprobs(torch.randn(2, 6), torch.randn(10, 5), torch.zeros(2, dtype=torch.long)), "do not fit"),
+])
+def test_bad_input_is_one_clear_user_error(call, match):
+    with pytest.raises(UserError, match=match):
+        call()
+
+
+def _fake_torch_tpu(monkeypatch):
+    """A stand-in for torch-tpu's `torch.tpu.pallas.jax_op`: hands the tensors to the
+    JAX function through DLPack (JAX on CPU, so the kernel runs interpreted)."""
+    import jax
+
+    seen = []
+
+    def jax_op(fn):
+        def call(*tensors):
+            seen.append(fn)
+            out = fn(*(jax.dlpack.from_dlpack(t) for t in tensors))
+            return tuple(torch.from_dlpack(o) for o in out)
+
+        return call
+
+    monkeypatch.setattr(torch, "tpu", types.SimpleNamespace(pallas=types.SimpleNamespace(jax_op=jax_op)), raising=False)
+    return seen
+
+
+def test_tpu_route_goes_through_jax_op(monkeypatch):
+    seen = _fake_torch_tpu(monkeypatch)
+    # Tensors "on a TPU": the bridge must route every kernel through jax_op.
+    monkeypatch.setattr(_bridge, "_device_type", lambda t: "tpu")
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    w = torch.randn(16, requires_grad=True)
+    y = rms_norm(x, w, impl="pallas", block_rows=8)
+    y.sum().backward()
+    assert len(seen) == 2  # forward and backward kernels
+    xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+    yr = ref.rms_norm(xr, wr)
+    yr.sum().backward()
+    torch.testing.assert_close(y, yr, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad, wr.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_tpu_route_without_jax_op_says_so(monkeypatch):
+    monkeypatch.setattr(torch, "tpu", types.SimpleNamespace(), raising=False)
+    with pytest.raises(UserError, match="jax_op is missing"):
+        _tpu.jax_op()
+
+
+def test_dlpack_crossing_is_zero_copy():
+    import jax
+
+    t = torch.randn(64, 32)
+    assert jax.dlpack.from_dlpack(t).unsafe_buffer_pointer() == t.data_ptr()
