@@ -58,10 +58,10 @@ def ref_grads(fn, inputs, cot):
 F32, BF16 = torch.float32, torch.bfloat16
 
 
-# Interpret mode compiles each shape and dtype anew (~1-2 s each): every shape runs in
-# float32, a ragged one also in bfloat16.
+# Interpret mode compiles each shape and dtype anew (~1-2 s each), so each case runs in
+# one dtype; every kernel sees float32 and bfloat16 and a ragged shape.
 @pytest.mark.parametrize("shape,block,dtype", [
-    ((2, 9, 48), 8, F32), ((37, 40), 16, F32), ((37, 40), 16, BF16), ((64, 32), 64, F32)])
+    ((2, 9, 48), 8, F32), ((37, 40), 16, BF16), ((64, 32), 64, F32)])
 def test_rms_norm(shape, block, dtype, gen):
     x = randn(gen, *shape, dtype=dtype)
     w = randn(gen, shape[-1], dtype=dtype)
@@ -83,7 +83,8 @@ ATTN_CASES = [
 ]
 
 
-ATTN_RUNS = [(c, F32) for c in ATTN_CASES] + [(ATTN_CASES[0], BF16), (ATTN_CASES[3], BF16)]
+ATTN_RUNS = [(ATTN_CASES[0], F32), (ATTN_CASES[0], BF16), (ATTN_CASES[1], F32), (ATTN_CASES[2], F32),
+             (ATTN_CASES[3], BF16), (ATTN_CASES[4], F32)]
 
 
 @pytest.mark.parametrize("case,dtype", ATTN_RUNS, ids=[f"{c[:7]}-{str(d)[6:]}" for c, d in ATTN_RUNS])
@@ -108,7 +109,7 @@ def _labels(g, shape, vocab):
 
 
 @pytest.mark.parametrize("shape,vocab,blocks,dtype", [
-    ((2, 7), 300, (8, 128), F32), ((2, 7), 300, (8, 128), BF16), ((16,), 256, (16, 128), F32)])
+    ((2, 7), 300, (8, 128), F32), ((16,), 256, (16, 128), BF16)])
 def test_token_logprobs(shape, vocab, blocks, dtype, gen):
     logits = randn(gen, *shape, vocab, dtype=dtype, scale=3.0)
     labels = _labels(gen, shape, vocab)
@@ -122,7 +123,7 @@ def test_token_logprobs(shape, vocab, blocks, dtype, gen):
 
 
 @pytest.mark.parametrize("shape,hidden,vocab,blocks,dtype", [
-    ((2, 7), 24, 300, (8, 128), F32), ((2, 7), 24, 300, (8, 128), BF16), ((16,), 32, 128, (16, 128), F32)])
+    ((2, 7), 24, 300, (8, 128), F32), ((16,), 32, 128, (16, 128), BF16)])
 def test_linear_token_logprobs(shape, hidden, vocab, blocks, dtype, gen):
     h = randn(gen, *shape, hidden, dtype=dtype)
     w = randn(gen, vocab, hidden, dtype=dtype, scale=0.3)
