@@ -174,14 +174,21 @@ def build_tokenizer():
         padding_side="left", model_max_length=DEFAULT_MODEL["max_position_embeddings"])
 
 
+def llama_kwargs(tokenizer=None, **config) -> dict:
+    """JSON-able LlamaConfig keywords for the char tokenizer (what model.pt stores)."""
+    tokenizer = tokenizer or build_tokenizer()
+    unknown = set(config) - set(DEFAULT_MODEL)
+    if unknown:
+        raise UserError(f"unknown arith model key {sorted(unknown)[0]!r}; valid: {', '.join(DEFAULT_MODEL)}")
+    return {**DEFAULT_MODEL, **config, "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+            "tie_word_embeddings": True}
+
+
 def llama_config(tokenizer=None, **config):
     from transformers import LlamaConfig
 
-    tokenizer = tokenizer or build_tokenizer()
-    kw = {**DEFAULT_MODEL, **config}
-    return LlamaConfig(
-        vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True, **kw)
+    return LlamaConfig(**llama_kwargs(tokenizer, **config))
 
 
 def build_model(**config):

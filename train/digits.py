@@ -1,0 +1,85 @@
+"""digits_cnn: scikit-learn's handwritten digits (shipped with the package).
+
+A fixed stratified train/test split; normalization statistics of the
+training split are stored inside the model so it takes raw 0..16 pixels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .manifest import write_model
+from .models.digits_cnn import DigitsCNN
+from .tasks import TASKS, Task
+
+
+def load_split(test_fraction: float, split_seed: int):
+    """(x_train, y_train, x_test, y_test): x float32 (N, 1, 8, 8) raw 0..16, y int64."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1)
+    y = torch.tensor(d.target, dtype=torch.int64)
+    i_tr, i_te = train_test_split(range(len(y)), test_size=test_fraction, random_state=split_seed,
+                                  stratify=d.target)
+    return x[i_tr], y[i_tr], x[i_te], y[i_te]
+
+
+@TASKS.register("digits_cnn")
+class DigitsTask(Task):
+    def __init__(self, recipe, recipe_name):
+        super().__init__(recipe, recipe_name)
+        c = recipe.digits
+        self.x, self.y, self.x_test, self.y_test = load_split(c.test_fraction, c.split_seed)
+        self.num_train = len(self.y)
+
+    def model_kwargs(self) -> dict:
+        c = self.recipe.digits
+        return {"channels": list(c.channels), "hidden": c.hidden, "dropout": c.dropout}
+
+    def build_model(self):
+        m = DigitsCNN(**self.model_kwargs())
+        m.pixel_mean.fill_(self.x.mean())
+        m.pixel_std.fill_(self.x.std())
+        return m
+
+    def make_batch(self, idx):
+        return {"pixels": self.x[idx], "labels": self.y[idx]}
+
+    def count(self, batch):
+        return len(batch["labels"])
+
+    def loss_sum(self, model, batch):
+        return F.cross_entropy(model(batch["pixels"]).float(), batch["labels"], reduction="sum")
+
+    @torch.no_grad()
+    def evaluate(self, model, device) -> dict[str, Any]:
+        model.eval()
+        logits = model(self.x_test.to(device)).float().cpu()
+        model.train()
+        pred = logits.argmax(-1)
+        return {"accuracy": float((pred == self.y_test).float().mean()), "n": len(self.y_test),
+                "loss": float(F.cross_entropy(logits, self.y_test))}
+
+    def export(self, model, out: Path, *, optimizer, metrics) -> None:
+        write_model(
+            out / "model.pt", model_class="tpu_pipeline.train.models.digits_cnn:DigitsCNN",
+            model_kwargs=self.model_kwargs(), state_dict=model.state_dict(),
+            example_inputs=[self.x_test[:1].clone()], input_names=["pixels"], output_names=["logits"],
+            task="classification", recipe=self.recipe_name, metrics=metrics)
+
+    def flops_per_sample(self, model) -> float:
+        flops = 0
+        side = 8
+        for m in model.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                flops += 2 * m.in_channels * m.out_channels * 9 * side * side
+                side //= 2
+            elif isinstance(m, torch.nn.Linear):
+                flops += 2 * m.in_features * m.out_features
+        return 3.0 * flops  # backward ~ 2x forward

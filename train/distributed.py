@@ -1,0 +1,76 @@
+"""Data parallelism through PyTorch's own engine (torchrun + DistributedDataParallel).
+
+`--nproc N` re-launches the same run under `torch.distributed.run` (what
+`torchrun` is); each process joins a process group (gloo on CPU, nccl on
+CUDA) and trains a shard of every global batch. Running `torchrun -m
+tpu_pipeline.train.worker ...` by hand works the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+from ..errors import NotBuiltError, PipelineError
+
+
+@dataclasses.dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def under_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def init(platform) -> DistInfo:
+    """Joins the process group torchrun set up; single process otherwise."""
+    if not under_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
+        return DistInfo()
+    import torch
+    import torch.distributed as dist
+
+    if platform.kind == "tpu":
+        raise NotBuiltError("data-parallel training on TPU is not built yet (use --nproc 1)")
+    info = DistInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
+    if platform.kind == "cuda":
+        torch.cuda.set_device(info.local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if platform.kind == "cuda" else "gloo")
+    return info
+
+
+def device_for(platform, info: DistInfo):
+    import torch
+
+    if platform.kind == "cuda":
+        return torch.device("cuda", info.local_rank)
+    return platform.device
+
+
+def shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def launch(nproc: int, kwargs: dict) -> None:
+    """Runs `tpu_pipeline.train.worker` in `nproc` processes; raises if any fails."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "tpu_pipeline.train.worker", json.dumps(kwargs)]
+    env = dict(os.environ)
+    # Share the cores instead of each process grabbing all of them.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    rc = subprocess.call(cmd, env=env)
+    if rc != 0:
+        raise PipelineError(f"data-parallel training failed: torchrun exited {rc} (see the worker output above)")

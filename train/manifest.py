@@ -1,0 +1,49 @@
+"""`model.pt`: the manifest convert reads with weights_only=True (docs/INTERFACES.md)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ..files import atomic_write_bytes
+
+FORMAT = "tpu-pipeline/model@1"
+
+
+def write_model(path: Path, *, model_class: str, model_kwargs: dict, state_dict: dict,
+                example_inputs: Sequence[torch.Tensor], input_names: Sequence[str],
+                output_names: Sequence[str], task: str, recipe: str, metrics: dict[str, Any]) -> None:
+    """Writes the manifest atomically; tensors stay as trained (dtype and device)."""
+    if not model_class.startswith("tpu_pipeline."):
+        raise ValueError(f"model_class must live inside tpu_pipeline, got {model_class!r}")
+    obj = {
+        "format": FORMAT,
+        "model_class": model_class,
+        "model_kwargs": dict(model_kwargs),
+        "state_dict": {k: v.detach() for k, v in state_dict.items()},
+        "example_inputs": [t.detach().cpu() for t in example_inputs],
+        "input_names": list(input_names),
+        "output_names": list(output_names),
+        "task": task,
+        "recipe": recipe,
+        "metrics": dict(metrics),
+    }
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load_model(path: Path, map_location: str = "cpu") -> torch.nn.Module:
+    """Rebuilds the model a manifest describes (what convert does), in eval mode."""
+    import importlib
+
+    m = torch.load(path, map_location=map_location, weights_only=True)
+    if m.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a {FORMAT} manifest")
+    module, _, cls = m["model_class"].partition(":")
+    model = getattr(importlib.import_module(module), cls)(**m["model_kwargs"])
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in m["state_dict"].items()})
+    return model.eval()

@@ -1,0 +1,60 @@
+"""What a recipe trains: data, model, loss, evaluation and export, per task.
+
+The loop (loop.py) is task-agnostic; it asks a `Task` for a batch of given
+sample indices, the summed loss of a batch and the count it is averaged
+over (samples or target tokens), so that data-parallel shards sum to
+exactly the single-process mean.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..registry import Registry
+from .config import Recipe
+
+TASKS: Registry[type["Task"]] = Registry("train task")
+
+
+class Task:
+    """Base class; subclasses register with `@TASKS.register(name)`."""
+
+    def __init__(self, recipe: Recipe, recipe_name: str):
+        self.recipe = recipe
+        self.recipe_name = recipe_name
+
+    num_train: int = 0
+
+    def build_model(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def make_batch(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Batch of the training samples `idx` (CPU tensors)."""
+        raise NotImplementedError
+
+    def count(self, batch: dict[str, torch.Tensor]) -> int:
+        """Units the loss is averaged over (samples or target tokens)."""
+        raise NotImplementedError
+
+    def loss_sum(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def evaluate(self, model: torch.nn.Module, device: torch.device) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def export(self, model: torch.nn.Module, out: Path, *, optimizer: torch.optim.Optimizer,
+               metrics: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def flops_per_sample(self, model: torch.nn.Module) -> float:
+        """Training FLOPs (forward + backward) per sample, for throughput figures."""
+        raise NotImplementedError
+
+
+def get_task(recipe: Recipe, recipe_name: str) -> Task:
+    from . import arith_lm, digits  # noqa: F401  (register the tasks)
+
+    return TASKS.get(recipe.task)(recipe, recipe_name)

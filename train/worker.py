@@ -1,0 +1,26 @@
+"""Entry point of each data-parallel process (launched by torchrun).
+
+    torchrun --nproc-per-node 2 -m tpu_pipeline.train.worker '{"recipe": "digits_cnn", "out": "runs/d"}'
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> int:
+    from ..errors import PipelineError
+    from .runner import run
+
+    kwargs = json.loads(sys.argv[1])
+    try:
+        run(**kwargs)
+    except PipelineError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
