@@ -1,0 +1,133 @@
+"""Decode-ready LiteRT export of a Hugging Face Llama-family causal LM.
+
+The artifact has two signatures over one set of weights, with the KV cache
+as explicit inputs and outputs (the shape LiteRT-LM style runtimes drive):
+
+    prefill(tokens[1, P] int32, input_pos[P] int32, k_cache, v_cache) -> logits[1, P, V], k_cache, v_cache
+    decode (tokens[1, 1] int32, input_pos[1] int32, k_cache, v_cache) -> logits[1, 1, V], k_cache, v_cache
+
+k_cache / v_cache: [layers, 1, kv_heads, max_len, head_dim] float32. The
+cache update is a one-hot blend rather than a scatter so every op is a plain
+TFLite builtin; a prompt shorter than P is right-padded, and the padded
+positions are masked until decode overwrites them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+
+LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+
+
+@dataclasses.dataclass(frozen=True)
+class LMShape:
+    layers: int
+    kv_heads: int
+    heads: int
+    head_dim: int
+    vocab: int
+    max_len: int
+    prefill_len: int
+
+    def cache_shape(self) -> tuple[int, ...]:
+        return (self.layers, 1, self.kv_heads, self.max_len, self.head_dim)
+
+
+def lm_shape(config, max_len: int, prefill_len: int) -> LMShape:
+    if getattr(config, "model_type", None) not in LLAMA_FAMILY:
+        raise UserError(f"decode-ready export supports {', '.join(LLAMA_FAMILY)} models, "
+                        f"not model_type {getattr(config, 'model_type', None)!r}")
+    if not 0 < prefill_len <= max_len:
+        raise UserError(f"need 0 < prefill length ({prefill_len}) <= cache length ({max_len})")
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return LMShape(config.num_hidden_layers, config.num_key_value_heads or heads, heads, head_dim,
+                   config.vocab_size, max_len, prefill_len)
+
+
+class KVCacheLM(nn.Module):
+    """Functional-cache forward over the weights of an HF Llama-family model."""
+
+    def __init__(self, hf_model: nn.Module, shape: LMShape):
+        super().__init__()
+        self.lm = hf_model.eval()
+        self.shape = shape
+
+    def forward(self, tokens, input_pos, k_cache, v_cache):
+        s, core = self.shape, self.lm.model
+        pos = input_pos.long()
+        x = core.embed_tokens(tokens.long())
+        cos, sin = core.rotary_emb(x, pos[None, :])
+        slots = torch.arange(s.max_len, device=pos.device)
+        write = (slots[None, :] == pos[:, None]).to(x.dtype)                  # [T, max_len]
+        keep = 1.0 - write.amax(dim=0)                                        # [max_len]
+        visible = slots[None, :] <= pos[:, None]                              # [T, max_len]
+        bias = torch.where(visible, 0.0, torch.finfo(x.dtype).min)[None, None]
+        new_k, new_v = [], []
+        for i, layer in enumerate(core.layers):
+            att = layer.self_attn
+            h = layer.input_layernorm(x)
+            b, t, _ = h.shape
+            q = att.q_proj(h).view(b, t, s.heads, s.head_dim).transpose(1, 2)
+            k = att.k_proj(h).view(b, t, s.kv_heads, s.head_dim).transpose(1, 2)
+            v = att.v_proj(h).view(b, t, s.kv_heads, s.head_dim).transpose(1, 2)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            # cache[l] = cache[l] * keep + one_hot(write) @ new
+            kc = k_cache[i] * keep[None, None, :, None] + torch.einsum("tm,bhtd->bhmd", write, k)
+            vc = v_cache[i] * keep[None, None, :, None] + torch.einsum("tm,bhtd->bhmd", write, v)
+            new_k.append(kc)
+            new_v.append(vc)
+            rep = s.heads // s.kv_heads
+            kr = kc.repeat_interleave(rep, dim=1) if rep > 1 else kc
+            vr = vc.repeat_interleave(rep, dim=1) if rep > 1 else vc
+            scores = q @ kr.transpose(-1, -2) * (s.head_dim ** -0.5) + bias
+            o = torch.softmax(scores, dim=-1) @ vr
+            x = x + att.o_proj(o.transpose(1, 2).reshape(b, t, s.heads * s.head_dim))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        logits = self.lm.lm_head(core.norm(x))
+        return logits, torch.stack(new_k), torch.stack(new_v)
+
+
+def _rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+INPUT_NAMES = ("tokens", "input_pos", "k_cache", "v_cache")
+OUTPUT_NAMES = ("logits", "k_cache", "v_cache")
+
+
+class _Named(nn.Module):
+    """Keyword inputs and a dict output give the signatures readable tensor names."""
+
+    def __init__(self, inner: KVCacheLM):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, tokens, input_pos, k_cache, v_cache):
+        return dict(zip(OUTPUT_NAMES, self.inner(tokens, input_pos, k_cache, v_cache)))
+
+
+def sample_inputs(shape: LMShape, length: int) -> dict[str, torch.Tensor]:
+    cache = torch.zeros(shape.cache_shape())
+    return dict(zip(INPUT_NAMES, (torch.zeros(1, length, dtype=torch.int32),
+                                  torch.arange(length, dtype=torch.int32), cache, cache.clone())))
+
+
+def export_decode_ready(hf_model: nn.Module, path: str | Path, *, max_len: int, prefill_len: int) -> LMShape:
+    """Writes one .tflite with `prefill` and `decode` signatures; returns the cache shape."""
+    import litert_torch
+
+    shape = lm_shape(hf_model.config, max_len, prefill_len)
+    module = _Named(KVCacheLM(hf_model.float(), shape)).eval()
+    converter = litert_torch.signature("prefill", module, sample_kwargs=sample_inputs(shape, prefill_len))
+    converter = converter.signature("decode", module, sample_kwargs=sample_inputs(shape, 1))
+    converter.convert().export(str(path))
+    return shape
