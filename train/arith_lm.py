@@ -114,11 +114,14 @@ class ArithTask(Task):
         import io
 
         ex = self.tokenizer(self.heldout[0]["prompt"], return_tensors="pt")["input_ids"]
+        # Calibration rows: training prompts of the example's token length (one static shape).
+        same = [p["prompt"] for p in self.train_problems if len(p["prompt"]) + 1 == ex.shape[1]][:64]
+        calib = self.tokenizer(same, return_tensors="pt")["input_ids"] if same else ex
         write_model(
             out / "model.pt", model_class="tpu_pipeline.train.models.causal_lm:LlamaLM",
             model_kwargs=self.model_kwargs(), state_dict={f"lm.{k}": v for k, v in model.state_dict().items()},
             example_inputs=[ex], input_names=["input_ids"], output_names=["logits"], task="causal-lm",
-            recipe=self.recipe_name, metrics=metrics)
+            recipe=self.recipe_name, metrics=metrics, calibration_inputs=[calib])
         with staged_dir(out / "hf") as d:
             model.generation_config.pad_token_id = self.tokenizer.pad_token_id
             model.generation_config.eos_token_id = self.tokenizer.eos_token_id

@@ -16,6 +16,8 @@ from .manifest import write_model
 from .models.digits_cnn import DigitsCNN
 from .tasks import TASKS, Task
 
+CALIBRATION_ROWS = 64  # training images shipped in model.pt for int8 calibration
+
 
 def load_split(test_fraction: float, split_seed: int):
     """(x_train, y_train, x_test, y_test): x float32 (N, 1, 8, 8) raw 0..16, y int64."""
@@ -71,7 +73,8 @@ class DigitsTask(Task):
             out / "model.pt", model_class="tpu_pipeline.train.models.digits_cnn:DigitsCNN",
             model_kwargs=self.model_kwargs(), state_dict=model.state_dict(),
             example_inputs=[self.x_test[:1].clone()], input_names=["pixels"], output_names=["logits"],
-            task="classification", recipe=self.recipe_name, metrics=metrics)
+            task="classification", recipe=self.recipe_name, metrics=metrics,
+            calibration_inputs=[self.x[:CALIBRATION_ROWS].clone()])
 
     def flops_per_sample(self, model) -> float:
         flops = 0

@@ -15,8 +15,15 @@ FORMAT = "tpu-pipeline/model@1"
 
 def write_model(path: Path, *, model_class: str, model_kwargs: dict, state_dict: dict,
                 example_inputs: Sequence[torch.Tensor], input_names: Sequence[str],
-                output_names: Sequence[str], task: str, recipe: str, metrics: dict[str, Any]) -> None:
-    """Writes the manifest atomically; tensors stay as trained (dtype and device)."""
+                output_names: Sequence[str], task: str, recipe: str, metrics: dict[str, Any],
+                calibration_inputs: Sequence[torch.Tensor] | None = None) -> None:
+    """Writes the manifest atomically; tensors stay as trained (dtype and device).
+
+    calibration_inputs: real inputs from the training data, one tensor per
+    forward() argument, (N, *example.shape[1:]): what static-int8 calibration
+    and parity should use instead of random inputs (digits pixels are 0..16,
+    far from a random normal).
+    """
     if not model_class.startswith("tpu_pipeline."):
         raise ValueError(f"model_class must live inside tpu_pipeline, got {model_class!r}")
     obj = {
@@ -31,6 +38,11 @@ def write_model(path: Path, *, model_class: str, model_kwargs: dict, state_dict:
         "recipe": recipe,
         "metrics": dict(metrics),
     }
+    if calibration_inputs is not None:
+        for t, ex in zip(calibration_inputs, example_inputs):
+            if tuple(t.shape[1:]) != tuple(ex.shape[1:]) or t.dtype != ex.dtype:
+                raise ValueError(f"calibration input {tuple(t.shape)} {t.dtype} does not match example {tuple(ex.shape)} {ex.dtype}")
+        obj["calibration_inputs"] = [t.detach().cpu() for t in calibration_inputs]
     buf = io.BytesIO()
     torch.save(obj, buf)
     atomic_write_bytes(path, buf.getvalue())

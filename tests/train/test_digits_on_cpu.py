@@ -44,6 +44,8 @@ def test_model_pt_is_the_convert_manifest_and_takes_raw_pixels(digits_run):
     (x,) = m["example_inputs"]
     assert x.shape == (1, 1, 8, 8) and x.dtype == torch.float32 and x.max() > 1  # raw 0..16
     assert m["input_names"] == ["pixels"] and m["output_names"] == ["logits"]
+    (calib,) = m["calibration_inputs"]
+    assert calib.shape == (64, 1, 8, 8) and calib.dtype == torch.float32 and calib.max() == 16
     model = load_model(out / "model.pt")
     _, _, x_test, y_test = load_split(0.2, 0)
     assert 0 <= x_test.min() and x_test.max() == 16
