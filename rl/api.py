@@ -189,7 +189,7 @@ def evaluate_policy(recipe: str, policy: str | Path, *, seed: int | None = None,
     model, tok = load_policy(policy, platform.device)
     guard = GuardedReward(load_reward(cfg.trainer.reward), cfg.trainer.reward_timeout_s)
     try:
-        res = evaluate(model, tok, problems, guard, max_prompt_length=cfg.data.max_prompt_length,
+        res = evaluate(model, tok, problems, lambda items: guard(items).scores, max_prompt_length=cfg.data.max_prompt_length,
                        max_response_length=cfg.data.max_response_length, overlong=cfg.data.overlong_prompt,
                        k=cfg.trainer.eval_k if k is None else k, temperature=cfg.trainer.eval_temperature)
     finally:

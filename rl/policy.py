@@ -60,7 +60,9 @@ def load_policy(path: str | Path, device=None):
     """(model, tokenizer) from a Hugging Face folder, in float32 on `device`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one-line CLI output; the load takes milliseconds
     path = Path(path)
     if not (path / "config.json").is_file():
         raise UserError(f"policy {path}: not a Hugging Face model folder (no config.json)")
@@ -80,6 +82,9 @@ def load_policy(path: str | Path, device=None):
 
 def save_policy(model, tokenizer, out: str | Path) -> Path:
     """A Hugging Face folder (config.json, model.safetensors, tokenizer files), written atomically."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     out = Path(out)
     with staged_dir(out) as stage:
         model.save_pretrained(stage, safe_serialization=True)

@@ -181,6 +181,10 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
     device = accel or ("cuda" if cfg.trainer.device in ("auto", "cpu") else cfg.trainer.device)
     if cfg.trainer.device in ("cuda", "tpu", "npu"):
         device = cfg.trainer.device
+    if not dry_run and not ray_address and accel is None:
+        raise UserError("--engine verl: VeRL's Ray trainer needs a GPU, NPU or TPU and none is visible here; "
+                        "pass --ray-address (or RAY_ADDRESS) for a cluster, use --dry-run to see the command, "
+                        "or run the local engine (--engine local)")
     ov, policy_path = prepare(cfg, out, log=log, device=device)
     composed = compose(ov)
     yaml = OmegaConf.to_yaml(composed)
@@ -191,10 +195,6 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
     if dry_run:
         log(yaml)
         return result
-    if not ray_address and accel is None:
-        raise UserError("--engine verl: VeRL's Ray trainer needs a GPU, NPU or TPU and none is visible here; "
-                        "pass --ray-address (or RAY_ADDRESS) for a cluster, use --dry-run to see the command, "
-                        "or run the local engine (--engine local)")
     if not Path(policy_path, "config.json").is_file():
         raise UserError(f"--engine verl: policy {policy_path} does not exist yet; run the local engine once to "
                         "train the warm start, or set policy.path")

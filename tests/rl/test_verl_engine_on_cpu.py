@@ -1,0 +1,100 @@
+"""--engine verl: the recipe composes against VeRL's own ppo_trainer.yaml (with
+hydra, on CPU) and a real launch without an accelerator stops early, exit 2."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from tpu_pipeline.cli import cli
+from tpu_pipeline.errors import UserError
+
+from .conftest import SMALL
+
+
+@pytest.fixture(scope="module")
+def dry(tmp_path_factory, tiny_policy):
+    from tpu_pipeline.rl import run
+
+    out = tmp_path_factory.mktemp("verl")
+    ov = {**SMALL, "algorithm.use_kl_loss": True, "algorithm.kl_loss_coef": 0.01, "rollout.n": 6,
+          "algorithm.clip_ratio_high": 0.28}
+    res = run("grpo_math", out, engine="verl", dry_run=True, steps=7, policy=str(tiny_policy), overrides=ov,
+              log=lambda m: None)
+    return out, res
+
+
+def test_composed_config_carries_the_recipe(dry, tiny_policy):
+    from omegaconf import OmegaConf
+
+    out, res = dry
+    c = OmegaConf.load(res["config"])
+    assert c.algorithm.adv_estimator == "grpo" and c.algorithm.norm_adv_by_std_in_grpo is True
+    a = c.actor_rollout_ref
+    assert a.rollout.n == 6 and a.rollout.temperature == 1.0
+    assert a.actor.use_kl_loss is True and a.actor.kl_loss_coef == 0.01 and a.actor.kl_loss_type == "low_var_kl"
+    assert a.actor.loss_agg_mode == "token-mean" and a.actor.clip_ratio_high == 0.28
+    assert a.actor.optim.lr == 3e-5 and a.actor.ppo_mini_batch_size == 8
+    assert a.model.path == str(tiny_policy.resolve())
+    assert c.reward.custom_reward_function.path == "pkg://tpu_pipeline.rl.rewards"
+    assert c.reward.custom_reward_function.name == "compute_score"
+    assert c.data.train_batch_size == 8 and c.data.max_response_length == 12
+    assert c.trainer.total_training_steps == 7
+    assert res["command"].split()[1:3] == ["-m", "verl.trainer.main_ppo"]
+
+
+def test_data_is_verl_parquet_and_the_reward_path_resolves(dry):
+    from verl.utils.import_utils import load_extern_object
+
+    from tpu_pipeline.rl.data import read_parquet
+
+    out, _ = dry
+    train = read_parquet(out / "verl" / "train.parquet")
+    val = read_parquet(out / "verl" / "val.parquet")
+    assert len(train) == 7 * 8 and len(val) == 40
+    assert not {p.prompt[0]["content"] for p in train} & {p.prompt[0]["content"] for p in val}
+    fn = load_extern_object("pkg://tpu_pipeline.rl.rewards", "compute_score")
+    p = train[0]
+    assert fn(p.data_source, f"#### {p.ground_truth}", p.ground_truth) == 1.0
+    assert fn(p.data_source, p.ground_truth, p.ground_truth) == 0.0  # strict format
+
+
+def test_dr_grpo_maps_to_verl_keys(tmp_path, tiny_policy):
+    from tpu_pipeline.rl.config import load_recipe
+    from tpu_pipeline.rl.verl_bridge import compose, hydra_overrides
+
+    cfg = load_recipe("grpo_math", {"algorithm.adv_estimator": "dr_grpo"})
+    ov = hydra_overrides(cfg, train_file=tmp_path / "t.parquet", val_file=tmp_path / "v.parquet",
+                         policy_path=str(tiny_policy), out=tmp_path)
+    c = compose(ov)
+    assert c.algorithm.norm_adv_by_std_in_grpo is False
+    assert c.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-sum-norm"
+
+
+def test_unknown_override_is_rejected_by_verls_schema(tmp_path, tiny_policy):
+    from tpu_pipeline.rl.verl_bridge import compose
+
+    with pytest.raises(UserError, match="VeRL's config rejects"):
+        compose(["actor_rollout_ref.actor.no_such_key=1"])
+
+
+def test_ray_address_makes_a_ray_job_submit(tmp_path, tiny_policy):
+    r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--dry-run", "--ray-address", "http://head:8265",
+                                 "--policy", str(tiny_policy), "--out", str(tmp_path / "v"), "--steps", "3"]
+                           + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output[r.output.index('{\n  "engine"'):])
+    assert res["command"].startswith("ray job submit --address http://head:8265 -- python -m verl.trainer.main_ppo")
+
+
+def test_real_launch_without_accelerator_stops_early_exit_2(tmp_path, tiny_policy, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    t0 = time.time()
+    r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--policy", str(tiny_policy), "--out", str(tmp_path / "v"),
+                                 "--steps", "2"] + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
+    assert r.exit_code == 2
+    assert "needs a GPU, NPU or TPU and none is visible here" in r.output and "Traceback" not in r.output
+    assert time.time() - t0 < 120  # never waits on Ray
