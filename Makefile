@@ -30,6 +30,10 @@ install: $(STAMP) browser
 
 demo: install
 	$(BIN)/tpu-pipeline doctor
+	# rl: grpo_math with a 2-minute RL budget (the warm start is trained once and cached), then its policy converted
+	rm -rf runs/demo/grpo_math
+	$(BIN)/tpu-pipeline rl --recipe grpo_math --out runs/demo/grpo_math --time-budget 120
+	$(BIN)/tpu-pipeline convert runs/demo/grpo_math/policy --out dist/demo/grpo_math
 
 test: install
 	$(BIN)/pytest -q
