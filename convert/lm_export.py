@@ -131,3 +131,100 @@ def export_decode_ready(hf_model: nn.Module, path: str | Path, *, max_len: int, 
     converter = converter.signature("decode", module, sample_kwargs=sample_inputs(shape, 1))
     converter.convert().export(str(path))
     return shape
+
+
+@torch.no_grad()
+def greedy_reference(hf_model: nn.Module, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int],
+                     max_len: int) -> list[int]:
+    """PyTorch's greedy continuation, with the artifact's stopping rules."""
+    ids = list(prompt_ids)
+    new: list[int] = []
+    while len(new) < max_new_tokens:
+        logits = hf_model(torch.tensor([ids])).logits[0, -1]
+        token = int(torch.argmax(logits))
+        new.append(token)
+        ids.append(token)
+        if token in eos_ids or len(ids) > max_len:
+            break
+    return new
+
+
+def generation_parity(hf_model: nn.Module, runtime, prompts: list[list[int]], max_new_tokens: int) -> dict:
+    """Token-for-token agreement of greedy generations, and prefill logits metrics."""
+    agree, first = 0, None
+    max_abs, cos = 0.0, 1.0
+    for i, prompt in enumerate(prompts):
+        ref = greedy_reference(hf_model, prompt, max_new_tokens, runtime.eos_ids, runtime.max_len)
+        got = runtime.generate_ids(prompt, max_new_tokens)
+        if ref == got:
+            agree += 1
+        elif first is None:
+            at = next((j for j, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
+            first = {"prompt": i, "token_index": at, "torch": ref[at:at + 4], "litert": got[at:at + 4]}
+        with torch.no_grad():
+            want = hf_model(torch.tensor([prompt])).logits[0, -1].double()
+        have = torch.from_numpy(runtime.last_prefill_logits(prompt)).double()
+        max_abs = max(max_abs, float((want - have).abs().max()))
+        cos = min(cos, float(torch.nn.functional.cosine_similarity(want, have, dim=0)))
+    return {"prompts": len(prompts), "generation_agreement": agree / max(1, len(prompts)),
+            "first_divergence": first, "prefill_logits": {"max_abs": max_abs, "min_cosine": cos}}
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def load_hf_causal_lm(folder: str | Path) -> nn.Module:
+    """Weights from safetensors only; no code from the folder is ever run."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise UserError(f"{folder}: not a Hugging Face model folder (config.json missing)")
+    if not any(folder.glob("*.safetensors")):
+        raise UserError(f"{folder}: no *.safetensors weights (pickled .bin weights are refused)")
+    try:
+        return AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=False, use_safetensors=True,
+                                                    dtype=torch.float32).eval()
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"{folder}: cannot load as a causal LM ({str(e).splitlines()[0]})") from None
+
+
+def eos_token_ids(hf_model: nn.Module) -> list[int]:
+    ids = getattr(getattr(hf_model, "generation_config", None), "eos_token_id", None)
+    if ids is None:
+        ids = hf_model.config.eos_token_id
+    return sorted({ids} if isinstance(ids, int) else set(ids or []))
+
+
+def write_decode_ready(hf_dir: str | Path, out_dir: str | Path, *, max_len: int | None = None,
+                       prefill_len: int | None = None) -> dict:
+    """hf_dir -> out_dir/{model.tflite, lm.json, tokenizer files}; returns lm.json's content."""
+    import json
+    import shutil
+
+    from ..files import atomic_write_json
+
+    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    if not (hf_dir / "tokenizer.json").is_file():
+        raise UserError(f"{hf_dir}: tokenizer.json missing; the artifact ships the tokenizer for its clients")
+    model = load_hf_causal_lm(hf_dir)
+    max_len = max_len or min(int(getattr(model.config, "max_position_embeddings", 256)), 256)
+    prefill_len = prefill_len or min(32, max_len)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shape = export_decode_ready(model, out_dir / "model.tflite", max_len=max_len, prefill_len=prefill_len)
+    for name in TOKENIZER_FILES:
+        if (hf_dir / name).is_file():
+            shutil.copy(hf_dir / name, out_dir / name)
+    meta = {
+        "format": "tpu-pipeline/decode-ready-lm@1",
+        "signatures": {"prefill": {"inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES),
+                                   "tokens_shape": [1, prefill_len]},
+                       "decode": {"inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES),
+                                  "tokens_shape": [1, 1]}},
+        "max_len": max_len, "prefill_len": prefill_len, "cache_shape": list(shape.cache_shape()),
+        "cache_dtype": "float32", "vocab_size": shape.vocab, "eos_token_ids": eos_token_ids(model),
+        "model_type": model.config.model_type, "source": str(hf_dir),
+    }
+    atomic_write_json(out_dir / "lm.json", meta)
+    json.dumps(meta)  # fail here, not in a client, if something is not JSON-able
+    return meta

@@ -1,0 +1,113 @@
+"""Decode-ready LM export: the KV-cache wrapper equals the HF forward, and the
+artifact's greedy generations equal PyTorch's token for token."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tpu_pipeline.convert.lm_export import KVCacheLM, generation_parity, lm_shape, write_decode_ready
+from tpu_pipeline.convert.lm_runtime import LiteRTLanguageModel
+from tpu_pipeline.errors import UserError
+
+
+def _tiny_llama(kv_heads=2, seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tpu_pipeline.train.arith import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=48,
+                      eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(cfg).eval()
+    # Random weights generate near-uniform logits; scale the head so argmax is decisive.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model, tok
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_kv_cache_wrapper_equals_hf_forward(kv_heads):
+    model, _ = _tiny_llama(kv_heads)
+    shape = lm_shape(model.config, max_len=24, prefill_len=8)
+    w = KVCacheLM(model, shape)
+    ids = torch.randint(0, model.config.vocab_size, (1, 13))
+    k = torch.zeros(shape.cache_shape())
+    v = torch.zeros(shape.cache_shape())
+    logits = []
+    for start in range(0, 13, 8):  # chunked prefill with a padded last chunk
+        chunk = ids[:, start:start + 8]
+        tokens = torch.zeros(1, 8, dtype=torch.int32)
+        tokens[:, :chunk.shape[1]] = chunk
+        out, k, v = w(tokens, torch.arange(start, start + 8, dtype=torch.int32), k, v)
+        logits.append(out[0, :chunk.shape[1]])
+    with torch.no_grad():
+        ref = model(ids).logits[0]
+    torch.testing.assert_close(torch.cat(logits), ref, atol=1e-5, rtol=1e-5)
+    nxt, k, v = w(torch.tensor([[3]], dtype=torch.int32), torch.tensor([13], dtype=torch.int32), k, v)
+    with torch.no_grad():
+        ref = model(torch.cat([ids, torch.tensor([[3]])], 1)).logits[0, -1]
+    torch.testing.assert_close(nxt[0, 0], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_non_llama_is_refused():
+    from transformers import GPT2Config
+
+    with pytest.raises(UserError, match="model_type 'gpt2'"):
+        lm_shape(GPT2Config(), 16, 8)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model, tok = _tiny_llama()
+    hf = tmp_path_factory.mktemp("hf")
+    model.save_pretrained(hf)
+    tok.save_pretrained(hf)
+    out = tmp_path_factory.mktemp("lm")
+    meta = write_decode_ready(hf, out, max_len=40, prefill_len=8)
+    return model, tok, out, meta
+
+
+def test_artifact_generates_exactly_like_pytorch(exported):
+    model, tok, out, meta = exported
+    assert meta["cache_shape"] == [2, 1, 2, 40, 16]
+    assert meta["eos_token_ids"] == [tok.eos_token_id]
+    lm = LiteRTLanguageModel(out)
+    prompts = [tok(p).input_ids for p in ["3+4-2=", "9-8=", "1+1+1=", "7+5-3=", "0-9+2="]]
+    prompts.append(list(np.random.default_rng(0).integers(4, len(tok), 11)))  # longer than one prefill chunk
+    report = generation_parity(model, lm, prompts, max_new_tokens=12)
+    assert report["generation_agreement"] == 1.0, report["first_divergence"]
+    assert report["prefill_logits"]["max_abs"] < 1e-3 and report["prefill_logits"]["min_cosine"] > 0.9999
+    text = lm.generate("3+4-2=", max_new_tokens=6)
+    assert isinstance(text, str) and len(lm.generate_ids(lm.encode("3+4-2="), 6)) >= 1
+
+
+def test_client_refuses_too_long_prompt_and_non_lm_dir(exported, tmp_path):
+    _, _, out, meta = exported
+    lm = LiteRTLanguageModel(out)
+    with pytest.raises(UserError, match="cache holds 40"):
+        lm.generate_ids(list(range(4, 44)), 3)
+    with pytest.raises(UserError, match="lm.json missing"):
+        LiteRTLanguageModel(tmp_path)
+
+
+def test_generate_cli_matches_library(exported, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from tpu_pipeline.cli import cli
+
+    _, tok, out, _ = exported
+    lm = LiteRTLanguageModel(out)
+    want = lm.generate_ids(tok("9-8=").input_ids, 5)
+    # The convert output folder works too: its desktop artifact is used.
+    (tmp_path / "desktop").symlink_to(out, target_is_directory=True)
+    r = CliRunner().invoke(cli, ["generate", str(tmp_path), "--prompt", "9-8=", "--max-new-tokens", "5", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["ids"] == want
+    r = CliRunner().invoke(cli, ["generate", str(tmp_path / "nope"), "--prompt", "x"])
+    assert r.exit_code == 2 and "no such folder" in r.output
