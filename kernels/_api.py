@@ -66,13 +66,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, impl: 
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                    sm_scale: float | None = None, *, impl: str = "auto",
+                    sm_scale: float | None = None, *, kv_start: torch.Tensor | None = None, impl: str = "auto",
                     block_q: int | None = None, block_k: int | None = None) -> torch.Tensor:
     """Attention over [B, H, S, D]; k/v may have fewer heads (grouped-query attention).
 
     Causal masking is aligned bottom-right (query i sees keys j <= i + Sk - Sq), so a
-    decode step with a KV cache (Sq=1) sees every cached key. Query rows that see no
-    key (only when Sq > Sk) return 0.
+    decode step with a KV cache (Sq=1) sees every cached key. kv_start (int [B],
+    optional) marks left padding: keys before kv_start[b] are masked for batch row b.
+    Query rows that see no key return 0.
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise UserError("flash_attention: q, k, v must be [batch, heads, seq, head_dim]")
@@ -81,10 +82,12 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         raise UserError(f"flash_attention: shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if Hq % k.shape[1]:
         raise UserError(f"flash_attention: query heads ({Hq}) must be a multiple of key/value heads ({k.shape[1]})")
+    if kv_start is not None and (kv_start.shape != (B,) or kv_start.is_floating_point()):
+        raise UserError(f"flash_attention: kv_start must be integer [batch={B}], got {tuple(kv_start.shape)}")
     scale = D ** -0.5 if sm_scale is None else float(sm_scale)
     if not use_pallas(impl, q.device):
-        return ref.flash_attention(q, k, v, causal, scale)
-    return _bridge().flash_attention(q, k, v, bool(causal), scale, block_q, block_k)
+        return ref.flash_attention(q, k, v, causal, scale, kv_start)
+    return _bridge().flash_attention(q, k, v, bool(causal), scale, kv_start, block_q, block_k)
 
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, *, impl: str = "auto",

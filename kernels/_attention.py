@@ -7,7 +7,9 @@ masking is aligned bottom-right (query i sees keys j <= i + Sk - Sq) and the
 walk stops at the last key block a query block can see. Grouped-query
 attention maps query head h to key/value head h // (Hq / Hkv) in the
 BlockSpec index maps. Ragged lengths are padded to whole blocks and the
-padded keys masked out.
+padded keys masked out; left padding (per batch row, the first key in use)
+is masked too, so left-padded batches and their KV-cache decode steps run
+here.
 
 Backward (FlashAttention-2 style, recomputing probabilities from the saved
 log-sum-exp): one kernel per query block for dq, one per key block for dk and
@@ -23,20 +25,20 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, kernel_jit, pad_axis, round_up, scalar_spec
+from ._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, kernel_jit, pad_axis, read_row_scalar, round_up, row_scalars_spec
 
 
-def _mask(rows, cols, *, sk: int, offset: int, causal: bool):
-    m = cols < sk
+def _mask(rows, cols, *, start, sk, offset, causal: bool):
+    m = (cols < sk) & (cols >= start)
     if causal:
         m = m & (cols <= rows + offset)
     return m
 
 
-def _fwd_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, causal, bq, bk, sq, nk):
+def _fwd_kernel(bnd_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, causal, bq, bk, sq, nk):
     acc = acc_dtype(q_ref.dtype)
     qi = pl.program_id(2)
-    sk = len_ref[0]
+    start, sk = read_row_scalar(bnd_ref, 0), read_row_scalar(bnd_ref, 1)
     offset = sk - sq
     q = q_ref[...]
     rows = qi * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
@@ -48,7 +50,7 @@ def _fwd_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, causal, 
         k = k_ref[pl.ds(j * bk, bk), :]
         v = v_ref[pl.ds(j * bk, bk), :]
         s = dot_nt(q, k, acc) * scale
-        mask = _mask(rows, j * bk + cols0, sk=sk, offset=offset, causal=causal)
+        mask = _mask(rows, j * bk + cols0, start=start, sk=sk, offset=offset, causal=causal)
         s = jnp.where(mask, s, NEG)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
         p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
@@ -59,17 +61,18 @@ def _fwd_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, causal, 
 
     d = q.shape[-1]
     init = (jnp.full((bq, 1), NEG, acc), jnp.zeros((bq, 1), acc), jnp.zeros((bq, d), acc))
-    m, l, o = lax.fori_loop(0, hi, body, init)
+    # Key blocks wholly inside the left padding are skipped.
+    m, l, o = lax.fori_loop(jnp.minimum(start // bk, hi), hi, body, init)
     seen = l > 0
     l_safe = jnp.where(seen, l, 1.0)
     o_ref[...] = (o / l_safe).astype(o_ref.dtype)
     lse_ref[...] = jnp.where(seen, m + jnp.log(l_safe), 0.0)[:, 0]
 
 
-def _dq_kernel(len_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, scale, causal, bq, bk, sq, nk):
+def _dq_kernel(bnd_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, scale, causal, bq, bk, sq, nk):
     acc = acc_dtype(q_ref.dtype)
     qi = pl.program_id(2)
-    sk = len_ref[0]
+    start, sk = read_row_scalar(bnd_ref, 0), read_row_scalar(bnd_ref, 1)
     offset = sk - sq
     q, do = q_ref[...], do_ref[...]
     lse = lse_ref[...][:, None]
@@ -81,20 +84,20 @@ def _dq_kernel(len_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref,
     def body(j, dq):
         k = k_ref[pl.ds(j * bk, bk), :]
         v = v_ref[pl.ds(j * bk, bk), :]
-        mask = _mask(rows, j * bk + cols0, sk=sk, offset=offset, causal=causal)
+        mask = _mask(rows, j * bk + cols0, start=start, sk=sk, offset=offset, causal=causal)
         p = jnp.where(mask, jnp.exp(dot_nt(q, k, acc) * scale - lse), 0.0)
         ds = p * (dot_nt(do, v, acc) - delta)
         return dq + dot_nn(ds.astype(k.dtype), k, acc)
 
-    dq = lax.fori_loop(0, hi, body, jnp.zeros(q.shape, acc))
+    dq = lax.fori_loop(jnp.minimum(start // bk, hi), hi, body, jnp.zeros(q.shape, acc))
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(len_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
+def _dkv_kernel(bnd_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
                 scale, causal, bq, bk, sq, nq):
     acc = acc_dtype(q_ref.dtype)
     kj = pl.program_id(2)
-    sk = len_ref[0]
+    start, sk = read_row_scalar(bnd_ref, 0), read_row_scalar(bnd_ref, 1)
     offset = sk - sq
     k, v = k_ref[...], v_ref[...]
     rows0 = lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
@@ -109,7 +112,7 @@ def _dkv_kernel(len_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref
         lse = lse_ref[pl.ds(i * bq, bq)][:, None]
         delta = delta_ref[pl.ds(i * bq, bq)][:, None]
         rows = i * bq + rows0
-        mask = _mask(rows, cols, sk=sk, offset=offset, causal=causal) & (rows < sq)
+        mask = _mask(rows, cols, start=start, sk=sk, offset=offset, causal=causal) & (rows < sq)
         p = jnp.where(mask, jnp.exp(dot_nt(q, k, acc) * scale - lse), 0.0)
         dv = dv + dot_tn(p.astype(do.dtype), do, acc)
         ds = p * (dot_nt(do, v, acc) - delta)
@@ -140,12 +143,14 @@ _STATIC = ("causal", "scale", "block_q", "block_k", "interpret", "poison")
 
 
 @kernel_jit(static_argnames=_STATIC)
-def attention_fwd(q, k, v, kv_len, *, causal: bool, scale: float, block_q: int, block_k: int, interpret: bool,
+def attention_fwd(q, k, v, bounds, *, causal: bool, scale: float, block_q: int, block_k: int, interpret: bool,
                   poison: bool = False):
     """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] -> (o [B, Hq, Sq, D], lse [B, Hq, Sq] float32/64).
 
-    kv_len: int32 [1], the keys in use (<= Sk; the rest is padding). It is data, not a
-    compile-time constant, so decode steps of one bucket share a compiled kernel.
+    bounds: int32 [B, 2], per batch row the first and one-past-last key in use: keys
+    before the first are left padding, keys from the last on are bucket padding. They
+    are data, not compile-time constants, so decode steps of one bucket share a
+    compiled kernel. Causal alignment counts from the last key in use.
     """
     b, hq, hkv, sq, sk, d, bq, bk, sq_p, sk_p = _geometry(q, k, block_q, block_k)
     g = hq // hkv
@@ -154,17 +159,17 @@ def attention_fwd(q, k, v, kv_len, *, causal: bool, scale: float, block_q: int, 
     qspec = pl.BlockSpec((None, None, bq, d), lambda bi, h, i: (bi, h, i, 0))
     kvspec = pl.BlockSpec((None, None, sk_p, d), lambda bi, h, i: (bi, h // g, 0, 0))
     o, lse = call(
-        kern, grid=(b, hq, sq_p // bq), in_specs=[scalar_spec(), qspec, kvspec, kvspec],
+        kern, grid=(b, hq, sq_p // bq), in_specs=[row_scalars_spec(2), qspec, kvspec, kvspec],
         out_specs=[qspec, pl.BlockSpec((None, None, bq), lambda bi, h, i: (bi, h, i))],
         out_shape=[jax.ShapeDtypeStruct((b, hq, sq_p, d), q.dtype),
                    jax.ShapeDtypeStruct((b, hq, sq_p), acc_dtype(q.dtype))],
         interpret=interpret, poison=poison, name="flash_attention_fwd",
-    )(kv_len, qp, kp, vp)
+    )(bounds, qp, kp, vp)
     return o[:, :, :sq], lse[:, :, :sq]
 
 
 @kernel_jit(static_argnames=_STATIC)
-def attention_bwd(q, k, v, kv_len, o, lse, do, *, causal: bool, scale: float, block_q: int, block_k: int,
+def attention_bwd(q, k, v, bounds, o, lse, do, *, causal: bool, scale: float, block_q: int, block_k: int,
                   interpret: bool, poison: bool = False):
     """-> (dq, dk, dv) shaped like q, k, v."""
     b, hq, hkv, sq, sk, d, bq, bk, sq_p, sk_p = _geometry(q, k, block_q, block_k)
@@ -182,10 +187,10 @@ def attention_bwd(q, k, v, kv_len, o, lse, do, *, causal: bool, scale: float, bl
     kvfull = pl.BlockSpec((None, None, sk_p, d), lambda bi, h, i: (bi, h // g, 0, 0))
     (dq,) = call(
         functools.partial(_dq_kernel, nk=sk_p // bk, **common), grid=(b, hq, sq_p // bq),
-        in_specs=[scalar_spec(), qblk, kvfull, kvfull, qblk, rowblk, rowblk], out_specs=[qblk],
+        in_specs=[row_scalars_spec(2), qblk, kvfull, kvfull, qblk, rowblk, rowblk], out_specs=[qblk],
         out_shape=[jax.ShapeDtypeStruct((b, hq, sq_p, d), q.dtype)],
         interpret=interpret, poison=poison, name="flash_attention_dq",
-    )(kv_len, qp, kp, vp, dop, lsep, deltap)
+    )(bounds, qp, kp, vp, dop, lsep, deltap)
 
     qfull = pl.BlockSpec((None, None, sq_p, d), lambda bi, h, j: (bi, h, 0, 0))
     rowfull = pl.BlockSpec((None, None, sq_p), lambda bi, h, j: (bi, h, 0))
@@ -193,10 +198,10 @@ def attention_bwd(q, k, v, kv_len, o, lse, do, *, causal: bool, scale: float, bl
     outblk = pl.BlockSpec((None, None, bk, d), lambda bi, h, j: (bi, h, j, 0))
     dk, dv = call(
         functools.partial(_dkv_kernel, nq=sq_p // bq, **common), grid=(b, hq, sk_p // bk),
-        in_specs=[scalar_spec(), qfull, kvblk, kvblk, qfull, rowfull, rowfull], out_specs=[outblk, outblk],
+        in_specs=[row_scalars_spec(2), qfull, kvblk, kvblk, qfull, rowfull, rowfull], out_specs=[outblk, outblk],
         out_shape=[jax.ShapeDtypeStruct((b, hq, sk_p, d), acc)] * 2,
         interpret=interpret, poison=poison, name="flash_attention_dkv",
-    )(kv_len, qp, kp, vp, dop, lsep, deltap)
+    )(bounds, qp, kp, vp, dop, lsep, deltap)
     # Per-query-head partials -> sum over the heads that share a key/value head.
     dk = dk[:, :, :sk].reshape(b, hkv, g, sk, d).sum(axis=2).astype(k.dtype)
     dv = dv[:, :, :sk].reshape(b, hkv, g, sk, d).sum(axis=2).astype(v.dtype)

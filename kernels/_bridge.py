@@ -123,65 +123,69 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, block_rows: int | None) -> T
 
 # ---------------------------------------------------------------- flash attention
 
-def _kv_padded(k: Tensor, v: Tensor, block_k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """k, v padded along the sequence to the kernel's bucket, and the true length as data."""
+def _kv_padded(k: Tensor, v: Tensor, kv_start: Tensor, block_k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """k, v padded along the sequence to the kernel's bucket, and per batch row the
+    first and one-past-last key in use (int32 [B, 2]) as data."""
     sk = k.shape[2]
     pad = A.kv_bucket(sk, block_k) - sk
     if pad:
         k = torch.nn.functional.pad(k, (0, 0, 0, pad))
         v = torch.nn.functional.pad(v, (0, 0, 0, pad))
-    return k, v, torch.tensor([sk], dtype=torch.int32, device=k.device)
+    start = kv_start.to(device=k.device, dtype=torch.int32)
+    return k, v, torch.stack([start, torch.full_like(start, sk)], dim=1)
 
 
 @torch.library.custom_op("tpu_pipeline::flash_attention_fwd", mutates_args=())
-def _attn_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, block_q: int,
+def _attn_fwd(q: Tensor, k: Tensor, v: Tensor, kv_start: Tensor, causal: bool, scale: float, block_q: int,
               block_k: int) -> tuple[Tensor, Tensor]:
-    k, v, kv_len = _kv_padded(k, v, block_k)
-    return _run(A.attention_fwd, [q, k, v, kv_len], causal=causal, scale=scale, block_q=block_q, block_k=block_k)
+    k, v, bounds = _kv_padded(k, v, kv_start, block_k)
+    return _run(A.attention_fwd, [q, k, v, bounds], causal=causal, scale=scale, block_q=block_q, block_k=block_k)
 
 
 @_attn_fwd.register_fake
-def _(q, k, v, causal, scale, block_q, block_k):
+def _(q, k, v, kv_start, causal, scale, block_q, block_k):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=_acc(q.dtype))
 
 
 @torch.library.custom_op("tpu_pipeline::flash_attention_bwd", mutates_args=())
-def _attn_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, causal: bool, scale: float,
-              block_q: int, block_k: int) -> tuple[Tensor, Tensor, Tensor]:
+def _attn_bwd(q: Tensor, k: Tensor, v: Tensor, kv_start: Tensor, o: Tensor, lse: Tensor, do: Tensor, causal: bool,
+              scale: float, block_q: int, block_k: int) -> tuple[Tensor, Tensor, Tensor]:
     sk = k.shape[2]
-    kp, vp, kv_len = _kv_padded(k, v, block_k)
-    dq, dk, dv = _run(A.attention_bwd, [q, kp, vp, kv_len, o, lse, do], causal=causal, scale=scale,
+    kp, vp, bounds = _kv_padded(k, v, kv_start, block_k)
+    dq, dk, dv = _run(A.attention_bwd, [q, kp, vp, bounds, o, lse, do], causal=causal, scale=scale,
                       block_q=block_q, block_k=block_k)
     return dq, dk[:, :, :sk].contiguous(), dv[:, :, :sk].contiguous()
 
 
 @_attn_bwd.register_fake
-def _(q, k, v, o, lse, do, causal, scale, block_q, block_k):
+def _(q, k, v, kv_start, o, lse, do, causal, scale, block_q, block_k):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _attn_setup(ctx, inputs, output):
-    q, k, v, causal, scale, block_q, block_k = inputs
+    q, k, v, kv_start, causal, scale, block_q, block_k = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.save_for_backward(q, k, v, kv_start, o, lse)
     ctx.args = (causal, scale, block_q, block_k)
     ctx.mark_non_differentiable(lse)
 
 
 def _attn_backward(ctx, do, _dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = _attn_bwd(q, k, v, o, lse, do, *ctx.args)
-    return dq, dk, dv, None, None, None, None
+    q, k, v, kv_start, o, lse = ctx.saved_tensors
+    dq, dk, dv = _attn_bwd(q, k, v, kv_start, o, lse, do, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None
 
 
 torch.library.register_autograd("tpu_pipeline::flash_attention_fwd", _attn_backward, setup_context=_attn_setup)
 
 
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, block_q: int | None,
-                    block_k: int | None) -> Tensor:
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, kv_start: Tensor | None,
+                    block_q: int | None, block_k: int | None) -> Tensor:
     b = _blocks(q)
     k, v = k.to(q.dtype), v.to(q.dtype)
-    return _attn_fwd(q, k, v, causal, scale, block_q or b["q"], block_k or b["k"])[0]
+    if kv_start is None:
+        kv_start = torch.zeros(q.shape[0], dtype=torch.int32, device=q.device)
+    return _attn_fwd(q, k, v, kv_start, causal, scale, block_q or b["q"], block_k or b["k"])[0]
 
 
 # ---------------------------------------------------------------- token log-probs

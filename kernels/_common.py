@@ -98,13 +98,20 @@ def kernel_jit(*, static_argnames):
     return wrap
 
 
-def scalar_spec():
-    """BlockSpec for a small int32 array of run-time scalars (lengths) every program reads.
+def _tpu() -> bool:
+    return jax.default_backend() == "tpu"
 
-    On TPU scalars live in SMEM; elsewhere the whole array is one block.
-    """
-    if jax.default_backend() == "tpu":
+
+def row_scalars_spec(n: int):
+    """BlockSpec for an int32 [B, n] array of run-time scalars (lengths): each program
+    of batch row b (grid axis 0) reads row b. On TPU scalars live in SMEM, whole."""
+    if _tpu():
         from jax.experimental.pallas import tpu as pltpu
 
         return pl.BlockSpec(memory_space=pltpu.SMEM)
-    return pl.BlockSpec((1,), lambda *_: (0,))
+    return pl.BlockSpec((None, n), lambda b, *_: (b, 0))
+
+
+def read_row_scalar(ref, i: int):
+    """Scalar i of this program's row of a row_scalars_spec array."""
+    return ref[pl.program_id(0), i] if _tpu() else ref[i]

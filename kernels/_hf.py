@@ -2,11 +2,16 @@
 
 `use_kernels(model, impl)` swaps every RMSNorm module's forward for `rms_norm`
 and registers an attention function with transformers' AttentionInterface that
-calls `flash_attention`. Where transformers hands the attention a mask (padded
-batches, chunked prefill against a cache) the function falls back to torch's
-scaled_dot_product_attention with that mask: the kernel takes no arbitrary
-mask. Without padding, training and KV-cache decoding (causal aligned
-bottom-right) both run the kernel.
+calls `flash_attention`, plus a mask builder for it. The kernel knows causal
+masking aligned bottom-right and left padding (per row, the first key in use),
+so unpadded batches, left-padded batches (prompts for generation), right-padded
+ones (causal attention never lets a real token see the padding after it) and
+their KV-cache decode steps all run the kernel. Anything else falls back to
+torch's scaled_dot_product_attention with transformers' own 4D mask: padding
+with holes, a static cache (keys not aligned to the end), sliding-window or
+packed-sequence masks, attention dropout. Under torch.compile the hole check is
+skipped (it is data-dependent): padding must then be left and/or right only,
+which is what tokenizers and the GRPO batches produce.
 """
 
 from __future__ import annotations
@@ -32,24 +37,58 @@ def _attention_forward(module, query, key, value, attention_mask, dropout: float
     """AttentionInterface function: [B, H, S, D] in, ([B, S, H, D], None) out, like sdpa's."""
     impl = getattr(module, _IMPL_ATTR, "auto")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    kv_start = None
+    if attention_mask is not None and attention_mask.dim() == 1:
+        kv_start, attention_mask = attention_mask, None  # from _kernel_mask: left padding per row
     if attention_mask is not None or dropout > 0.0:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    out = flash_attention(query, key, value, causal=causal, sm_scale=scaling, impl=impl)
+    out = flash_attention(query, key, value, causal=causal, sm_scale=scaling, kv_start=kv_start, impl=impl)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _kernel_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                 attention_mask=None, local_size=None, **kwargs):
+    """Mask builder registered next to the attention function.
+
+    Returns None (no padding), an int32 [B] tensor of first keys in use (left/right
+    padding only: the kernel's case), or sdpa's 4D boolean mask (anything else: the
+    attention function then falls back to torch). Without a registered builder
+    transformers would pass no mask at all and silently ignore padding.
+    """
+    from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
+
+    def fallback():
+        return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                         kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+                         local_size=local_size, **{**kwargs, "allow_is_causal_skip": False})
+
+    # The kernel's causal mask assumes the queries are the last q_length keys.
+    aligned = int(q_offset) + q_length == int(kv_offset) + kv_length
+    if mask_function is not causal_mask_function or local_size is not None or not aligned:
+        return fallback()
+    padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    if padding is None:
+        return None
+    padding = padding[:, int(kv_offset): int(kv_offset) + kv_length].bool()
+    j = torch.arange(kv_length, device=padding.device)
+    has = padding.any(-1)
+    start = torch.where(has, padding.int().argmax(-1), kv_length)
+    if not torch.compiler.is_compiling():
+        end = torch.where(has, kv_length - padding.flip(-1).int().argmax(-1), 0)
+        if not torch.equal(padding, (j >= start[:, None]) & (j < end[:, None])):
+            return fallback()  # holes in the padding
+    return start.to(torch.int32)
 
 
 def _register() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTN_NAME, _attention_forward)
-    # sdpa's mask builder returns None when no token is padded, which is when the
-    # kernel can run; without a registered builder transformers would pass no mask
-    # at all and silently drop padding.
-    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+    AttentionMaskInterface.register(ATTN_NAME, _kernel_mask)
 
 
 def use_kernels(model: torch.nn.Module, impl: str = "auto") -> torch.nn.Module:

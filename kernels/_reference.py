@@ -20,10 +20,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     return (y * weight.to(xf.dtype)).to(x.dtype)
 
 
-def flash_attention(q, k, v, causal: bool = True, sm_scale: float | None = None) -> torch.Tensor:
+def flash_attention(q, k, v, causal: bool = True, sm_scale: float | None = None,
+                    kv_start: torch.Tensor | None = None) -> torch.Tensor:
     """[B, Hq, Sq, D] x [B, Hkv, Sk, D] -> [B, Hq, Sq, D]; causal is aligned bottom-right
     (query i sees keys j <= i + Sk - Sq), which is what decoding with a KV cache needs.
-    Rows that see no key return 0."""
+    kv_start [B]: keys before it are left padding. Rows that see no key return 0."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     if Hq % Hkv:
@@ -33,14 +34,17 @@ def flash_attention(q, k, v, causal: bool = True, sm_scale: float | None = None)
     kf = k.to(acc).repeat_interleave(Hq // Hkv, dim=1)
     vf = v.to(acc).repeat_interleave(Hq // Hkv, dim=1)
     s = torch.matmul(q.to(acc), kf.transpose(-1, -2)) * scale
-    if causal:
-        i = torch.arange(Sq, device=q.device)[:, None]
-        j = torch.arange(Sk, device=q.device)[None, :]
-        visible = j <= i + (Sk - Sq)
-        s = s.masked_fill(~visible, float("-inf"))
-        p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    else:
-        p = torch.softmax(s, dim=-1)
+    i = torch.arange(Sq, device=q.device)[:, None]
+    j = torch.arange(Sk, device=q.device)[None, :]
+    visible = (j <= i + (Sk - Sq)) if causal else torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
+    visible = visible[None, None]
+    if kv_start is not None:
+        visible = visible & (j >= kv_start.view(B, 1, 1, 1).to(q.device))
+    # Rows with every key masked give 0 (and a zero, not NaN, gradient): their scores are
+    # zeroed before the softmax so it stays finite, and the row is dropped after.
+    seen = visible.any(-1, keepdim=True)
+    s = torch.where(seen, s.masked_fill(~visible, float("-inf")), 0.0)
+    p = torch.where(seen, torch.softmax(s, dim=-1), 0.0)
     return torch.matmul(p, vf).to(q.dtype)
 
 

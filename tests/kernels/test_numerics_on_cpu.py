@@ -74,12 +74,12 @@ def test_rms_norm(shape, block, dtype, gen):
 
 
 ATTN_CASES = [
-    # B, Hq, Hkv, Sq, Sk, D, causal, block
-    (2, 4, 2, 19, 19, 16, True, 8),     # GQA, ragged last block
-    (1, 2, 2, 32, 32, 8, True, 16),     # exact multiple
-    (1, 3, 1, 5, 21, 8, True, 8),       # Sq < Sk: bottom-right causal (prefill after a cache)
-    (1, 2, 1, 1, 13, 8, True, 8),       # one decode step against a KV cache
-    (1, 2, 2, 11, 27, 8, False, 8),     # non-causal, ragged
+    # B, Hq, Hkv, Sq, Sk, D, causal, block, kv_start (left padding per row)
+    (2, 4, 2, 19, 19, 16, True, 8, [0, 10]),   # GQA, ragged last block, left padding
+    (1, 2, 2, 32, 32, 8, True, 16, None),      # exact multiple
+    (1, 3, 1, 5, 21, 8, True, 8, [4]),         # Sq < Sk: bottom-right causal (prefill after a cache)
+    (1, 2, 1, 1, 13, 8, True, 8, None),        # one decode step against a KV cache
+    (1, 2, 2, 11, 27, 8, False, 8, None),      # non-causal, ragged
 ]
 
 
@@ -89,13 +89,14 @@ ATTN_RUNS = [(ATTN_CASES[0], F32), (ATTN_CASES[0], BF16), (ATTN_CASES[1], F32), 
 
 @pytest.mark.parametrize("case,dtype", ATTN_RUNS, ids=[f"{c[:7]}-{str(d)[6:]}" for c, d in ATTN_RUNS])
 def test_flash_attention(case, dtype, gen):
-    B, Hq, Hkv, Sq, Sk, D, causal, block = case
+    B, Hq, Hkv, Sq, Sk, D, causal, block, kv_start = case
+    kv_start = None if kv_start is None else torch.tensor(kv_start)
     q = randn(gen, B, Hq, Sq, D, dtype=dtype)
     k = randn(gen, B, Hkv, Sk, D, dtype=dtype)
     v = randn(gen, B, Hkv, Sk, D, dtype=dtype)
-    o = flash_attention(q, k, v, causal=causal, impl="pallas", block_q=block, block_k=block)
+    o = flash_attention(q, k, v, causal=causal, kv_start=kv_start, impl="pallas", block_q=block, block_k=block)
     (dq, dk, dv), cot = grads(o, (q, k, v), gen)
-    want, (gq, gk, gv) = ref_grads(lambda q, k, v: ref.flash_attention(q, k, v, causal), (q, k, v), cot)
+    want, (gq, gk, gv) = ref_grads(lambda q, k, v: ref.flash_attention(q, k, v, causal, None, kv_start), (q, k, v), cot)
     check("o", o, want, dtype, gen)
     check("dq", dq, gq, dtype, gen)
     check("dk", dk, gk, dtype, gen)
