@@ -50,16 +50,6 @@ def test_forward_matches_stock_model(stock, attention_shapes):
     assert attention_shapes == [(13, 13)] * 2
 
 
-def test_generation_with_kv_cache_matches_and_decodes_in_the_kernel(stock, attention_shapes):
-    model = use_kernels(copy.deepcopy(stock), "pallas")
-    prompt = torch.randint(3, 40, (1, 6))
-    kw = dict(max_new_tokens=5, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0)
-    assert torch.equal(model.generate(prompt, **kw), stock.generate(prompt, **kw))
-    # prefill, then one query against the growing cache per new token (causal aligned bottom-right)
-    assert attention_shapes[:2] == [(6, 6)] * 2
-    assert (1, 7) in attention_shapes and (1, 10) in attention_shapes
-
-
 @pytest.mark.parametrize("pad", ["left", "right"])
 def test_padded_batch_runs_the_kernel(stock, attention_shapes, pad):
     model = use_kernels(copy.deepcopy(stock), "pallas")
@@ -75,15 +65,19 @@ def test_padded_batch_runs_the_kernel(stock, attention_shapes, pad):
     assert attention_shapes == [(9, 9)] * 2
 
 
-def test_left_padded_batch_generation_matches(stock, attention_shapes):
+def test_generation_with_kv_cache_matches_and_decodes_in_the_kernel(stock, attention_shapes):
+    """Greedy generation of a left-padded batch: same tokens as the stock model, and the
+    decode steps (one query against the growing cache, causal aligned bottom-right) ran
+    in the kernel."""
     model = use_kernels(copy.deepcopy(stock), "pallas")
     prompt = torch.randint(3, 40, (2, 7))
     mask = torch.ones_like(prompt)
     mask[1, :3] = 0
     prompt[1, :3] = 0
-    kw = dict(max_new_tokens=4, do_sample=False, attention_mask=mask, pad_token_id=0)
+    kw = dict(max_new_tokens=3, do_sample=False, attention_mask=mask, pad_token_id=0)
     assert torch.equal(model.generate(prompt, **kw), stock.generate(prompt, **kw))
-    assert (1, 8) in attention_shapes  # decode steps ran in the kernel
+    assert attention_shapes[:2] == [(7, 7)] * 2
+    assert (1, 8) in attention_shapes and (1, 9) in attention_shapes
 
 
 def test_padding_with_holes_falls_back_to_torch(stock, attention_shapes):
