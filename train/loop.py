@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..errors import NotBuiltError
 from ..files import atomic_write_json
 from .checkpoint import Checkpointer
 from .config import Recipe
@@ -99,13 +100,25 @@ def train(task: Task, recipe: Recipe, *, platform, device, out: Path, config: di
             local = {k: v.to(device, non_blocking=True) for k, v in
                      task.make_batch(idx[dist.rank:: dist.world]).items()}
             torch.manual_seed(step_seed(recipe.seed, step, dist.rank))  # dropout
-            with _autocast(platform, L.bf16):
-                loss_sum = task.loss_sum(step_model, local)
-            # Sum over this shard / global count, times world because DDP averages
-            # gradients: the shards add up to exactly the global-batch mean.
-            loss = loss_sum * (dist.world / total)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            first_pallas = pallas and step == start + 1
+            try:
+                with _autocast(platform, L.bf16):
+                    loss_sum = task.loss_sum(step_model, local)
+                # Sum over this shard / global count, times world because DDP averages
+                # gradients: the shards add up to exactly the global-batch mean.
+                loss = loss_sum * (dist.world / total)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+            except Exception as e:
+                if not first_pallas:
+                    raise
+                # Inductor's Pallas code generator is experimental in torch 2.13; it
+                # fails on these models' fused kernels (broadcasting in generated code).
+                msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+                raise NotBuiltError(
+                    f"--pallas: Inductor's Pallas code generator failed on {task.recipe_name} "
+                    f"(torch {torch.__version__}: {type(e).__name__}: {msg}); run without --pallas, or use "
+                    "--kernels pallas for the hand-written Pallas kernels") from None
             if O.grad_clip > 0:
                 gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), O.grad_clip)
             else:
