@@ -39,7 +39,7 @@ def quantize(float_model: bytes, precision: str, calibration: list[dict[str, np.
             q = quantizer.Quantizer(bytearray(float_model), recipe_for(precision))
             result = None
             if q.need_calibration:
-                result = q.calibrate({signature: calibration or []}, num_threads=1)
+                result = q.calibrate({signature: calibration or []}, num_threads=2)
             return bytes(q.quantize(result, enable_progress_report=False).quantized_model)
     except Exception as e:  # noqa: BLE001
         raise ConversionError(f"ai-edge-quantizer could not make the {precision} variant: {type(e).__name__}: {_first_line(e)}") from None

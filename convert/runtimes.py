@@ -7,6 +7,7 @@ fed as the int32 the artifact declares."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -58,12 +59,13 @@ class LitertRunner:
     def tensor(self, index: int) -> np.ndarray:
         return self.interp.get_tensor(index)
 
-    def latency_ms(self, sample: Sample, repeats: int = 50) -> float:
+    def latency_ms(self, sample: Sample, budget_s: float = 0.25) -> float:
+        """Median of at least 5 and at most 50 invokes, stopping once `budget_s` is spent."""
         for x, t in zip(sample, self.info.inputs):
             self.interp.set_tensor(t.tensor_index, to_artifact(x, t))
         self.interp.invoke()
-        times = []
-        for _ in range(repeats):
+        times: list[float] = []
+        while len(times) < 5 or (sum(times) < budget_s and len(times) < 50):
             t0 = time.perf_counter()
             self.interp.invoke()
             times.append(time.perf_counter() - t0)
@@ -86,7 +88,11 @@ def run_micro(model: bytes, info: ModelInfo, samples: list[Sample], arena_bytes:
                                str(d / "out.npz"), str(arena_bytes), str(len(info.outputs))],
                               capture_output=True, text=True, timeout=600, env=env)
         if proc.returncode != 0 or not (d / "out.npz").exists():
-            msg = " ".join((proc.stdout + proc.stderr).split())[-400:] or f"exit status {proc.returncode}"
+            lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+            # TFLM prints its own reason (arena, missing op) before dying; Python's traceback is noise.
+            tflm = [ln for ln in lines if re.search(r"fail|error|missing|didn't|unsupported|not found", ln, re.I)
+                    and not ln.startswith(("File ", "Traceback"))]
+            msg = "; ".join(tflm[-2:])[:400] if tflm else f"exit status {proc.returncode}"
             raise ConversionError(f"TFLM interpreter failed (arena {arena_bytes} bytes): {msg}")
         data = np.load(d / "out.npz")
         by_pos = {t.position: t for t in info.outputs}

@@ -1,0 +1,118 @@
+"""Benchmark for `tpu-pipeline convert`: three model families, one run.
+
+For each model: wall time of convert --targets all (library call, five targets
+with compatibility checks and parity) against one bare
+`litert_torch.convert(model, args).export(path)` of the same model, measured
+in the same process after a warm-up conversion (imports and torch.export's
+first-call costs paid once for both). Per target: artifact size, parity figures
+and median latency on ai-edge-litert against torch eager on the same input.
+
+CPU command (about 4 minutes on 2 cores):
+    nice -n 5 .venv/bin/python bench/convert.py --out runs/bench_convert
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from tpu_pipeline.convert import ConvertOptions, convert
+from tpu_pipeline.convert import reference_models as R
+from tpu_pipeline.convert.export import quiet_native
+from tpu_pipeline.errors import PipelineError
+
+MODELS = {  # family -> (class, kwargs)
+    "depthwise_cnn": ("DepthwiseCNN", {"in_channels": 3, "size": 64, "width": 32, "blocks": 4, "classes": 100}),
+    "transformer_encoder": ("TinyEncoder", {"vocab": 1000, "seq": 64, "dim": 128, "heads": 4, "layers": 4, "classes": 10}),
+    "decoder_lm": ("TinyDecoderLM", {"vocab": 1000, "seq": 64, "dim": 128, "heads": 4, "layers": 4}),
+}
+
+
+def manifest(cls: str, kwargs: dict, path: Path, task: str) -> Path:
+    torch.manual_seed(0)
+    m = getattr(R, cls)(**kwargs).eval()
+    torch.save({"format": "tpu-pipeline/model@1", "model_class": f"tpu_pipeline.convert.reference_models:{cls}",
+                "model_kwargs": kwargs, "state_dict": m.state_dict(), "example_inputs": list(m.example_inputs()),
+                "input_names": ["x"], "output_names": ["logits"], "task": task, "recipe": "bench", "metrics": {}}, path)
+    return path
+
+
+def bare(cls: str, kwargs: dict, path: Path) -> float:
+    import litert_torch
+
+    torch.manual_seed(0)
+    m = getattr(R, cls)(**kwargs).eval()
+    args = m.example_inputs()
+    t = time.perf_counter()
+    with quiet_native():
+        litert_torch.convert(m, args).export(str(path))
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="runs/bench_convert")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--samples", type=int, default=8)
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-convert-"))
+    bare("DepthwiseCNN", {}, work / "warmup.tflite")  # first-call costs, paid for both sides
+    results = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                           "torch_threads": torch.get_num_threads()},
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "models": {}}
+    for family, (cls, kwargs) in MODELS.items():
+        task = "causal-lm" if family == "decoder_lm" else "classification"
+        model = manifest(cls, kwargs, work / f"{family}.pt", task)
+        bare_s, full_s, report = [], [], None
+        for _ in range(a.repeats):
+            bare_s.append(bare(cls, kwargs, work / f"{family}.tflite"))
+            t = time.perf_counter()
+            try:
+                report = convert(model, ConvertOptions(out=out / family, samples=a.samples))
+            except PipelineError as e:  # a failing target is a result, not a crash
+                report = e.report
+            full_s.append(time.perf_counter() - t)
+        row = {"bare_convert_export_s": statistics.median(bare_s), "convert_all_targets_s": statistics.median(full_s),
+               "export_inside_convert_s": report["export_s"], "targets": {}}
+        row["ratio"] = row["convert_all_targets_s"] / row["bare_convert_export_s"]
+        for name, t in report["targets"].items():
+            p, lat = t.get("parity") or {}, t.get("latency_ms") or {}
+            row["targets"][name] = {
+                "passed": t["passed"], "quantization": t["quantization"], "size_bytes": t["size_bytes"],
+                "cosine": p.get("cosine"), "max_abs": p.get("max_abs"), "snr_db": p.get("snr_db"), "top1": p.get("top1"),
+                "latency_ms": lat.get("artifact"), "torch_eager_ms": lat.get("torch_eager"),
+                "speedup_vs_torch": lat.get("speedup_vs_torch"), "errors": t["errors"][:1]}
+        results["models"][family] = row
+        print(json.dumps({family: {k: v for k, v in row.items() if k != "targets"}}), flush=True)
+    (out / "bench.json").write_text(json.dumps(results, indent=2))
+    print(markdown(results))
+
+
+def markdown(res: dict) -> str:
+    lines = ["| model | bare convert+export (s) | convert, 5 targets + parity (s) | ratio |", "|---|---|---|---|"]
+    for fam, r in res["models"].items():
+        lines.append(f"| {fam} | {r['bare_convert_export_s']:.1f} | {r['convert_all_targets_s']:.1f} | {r['ratio']:.2f}x |")
+    lines += ["", "| model | target | quantization | bytes | cosine | max_abs | SNR dB | top-1 | artifact ms | torch ms | speed-up | status |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    f = lambda v, fmt: format(v, fmt) if isinstance(v, (int, float)) else "-"  # noqa: E731
+    for fam, r in res["models"].items():
+        for tn, t in r["targets"].items():
+            status = "pass" if t["passed"] else "FAIL: " + (t["errors"][0][:90] if t["errors"] else "")
+            lines.append(f"| {fam} | {tn} | {t['quantization']} | {t['size_bytes']} | {f(t['cosine'], '.6f')} | "
+                         f"{f(t['max_abs'], '.2g')} | {f(t['snr_db'], '.1f')} | {f(t['top1'], '.3f')} | "
+                         f"{f(t['latency_ms'], '.3f')} | {f(t['torch_eager_ms'], '.3f')} | {f(t['speedup_vs_torch'], '.1f')}x | {status} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
