@@ -59,14 +59,14 @@ def prepare_config(recipe: str, *, steps: int | None = None, time_budget_s: floa
 
 
 def _policy_and_optimizer(cfg: RLConfig, platform, log):
-    from .policy import build_optimizer, load_policy, warm_start
+    from .policy import build_optimizer, load_policy, warm_start, warm_start_overrides
 
     if cfg.policy.path:
         path = Path(cfg.policy.path)
         info = {"path": str(path), "cached": None, "seconds": 0.0}
         carry = path.parent / "optimizer.pt" if cfg.policy.carry_optimizer_state else None
     else:
-        folder, info = warm_start(cfg.policy.warm_start, cfg.policy.warm_start_overrides, device=cfg.trainer.device,
+        folder, info = warm_start(cfg.policy.warm_start, warm_start_overrides(cfg), device=cfg.trainer.device,
                                   kernels=cfg.trainer.kernels, log=log)
         path = folder / "hf"
         carry = folder / "optimizer.pt" if cfg.policy.carry_optimizer_state else None

@@ -40,6 +40,11 @@ from .rewards import GuardedReward
 from .rollout import generate, token_logprobs
 
 
+# Without a KL loss, the KL to the warm start is only logged: every KL_EVERY steps
+# (a reference forward pass costs about a third of an update).
+KL_EVERY = 5
+
+
 class NaNLossError(UserError):
     """The loss was not finite in too many consecutive steps."""
 
@@ -129,9 +134,13 @@ class Engine:
         attn = batch.batch["attention_mask"][:, : input_ids.shape[1]].to(self.device)
         mask = mask_all[:, :width].to(self.device)
         adv = batch.batch["advantages"][:, :width].to(self.device)
+        # One update over the whole batch is on-policy: old log-probs are the current
+        # ones (detached), as in VeRL, and the extra forward pass is skipped.
+        on_policy = cfg.trainer.ppo_epochs == 1 and cfg.trainer.minibatches == 1
+        want_ref = self.ref_model is not None and (alg.use_kl_loss or self.step % KL_EVERY == 0)
         with torch.no_grad():
-            old = token_logprobs(self.model, input_ids, attn, width, temp, kernels)
-            ref = token_logprobs(self.ref_model, input_ids, attn, width, temp, kernels) if self.ref_model is not None else None
+            old = None if on_policy else token_logprobs(self.model, input_ids, attn, width, temp, kernels)
+            ref = token_logprobs(self.ref_model, input_ids, attn, width, temp, kernels) if want_ref else None
         lr = self.lr_at(self.step)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -145,6 +154,8 @@ class Engine:
             for s in range(0, B, mb):
                 idx = order[s:s + mb].to(self.device)
                 logp = token_logprobs(self.model, input_ids[idx], attn[idx], width, temp, kernels)
+                if on_policy:
+                    old = logp.detach()
                 loss, m = algo.policy_loss(old_log_prob=old[idx], log_prob=logp, advantages=adv[idx],
                                            response_mask=mask[idx], alg=alg,
                                            ref_log_prob=ref[idx] if ref is not None else None)

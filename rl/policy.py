@@ -23,6 +23,19 @@ def home() -> Path:
     return Path(os.environ.get("TPU_PIPELINE_HOME", Path.home() / ".cache" / "tpu-pipeline"))
 
 
+def warm_start_overrides(cfg) -> dict[str, Any]:
+    """The train overrides of grpo_math's warm start: its task and difficulty follow
+    the rl recipe's data section (so the two cannot drift apart), then any explicit
+    policy.warm_start_overrides (budget, model size)."""
+    ov: dict[str, Any] = {}
+    if not cfg.data.file and cfg.data.tasks != ["basic_arithmetic", "chain_sum"]:
+        ov["arith.tasks"] = list(cfg.data.tasks)
+    for k, v in cfg.data.difficulty.items():
+        ov[f"arith.{k}"] = list(v) if isinstance(v, (list, tuple)) else v
+    ov.update(cfg.policy.warm_start_overrides)
+    return ov
+
+
 def warm_start_key(recipe: str, overrides: dict[str, Any]) -> str:
     """Content hash of the train recipe file and the overrides grpo_math applies."""
     from ..recipes import find_recipe

@@ -161,13 +161,12 @@ def prepare(cfg: RLConfig, out: Path, *, log: Callable[[str], None], device: str
     if cfg.policy.path:
         policy_path = str(Path(cfg.policy.path).resolve())
     else:
-        from .policy import home, warm_start_key
+        from .policy import home, warm_start, warm_start_key, warm_start_overrides
 
-        cached = home() / "warm_start" / warm_start_key(cfg.policy.warm_start, cfg.policy.warm_start_overrides) / "hf"
+        ws_ov = warm_start_overrides(cfg)
+        cached = home() / "warm_start" / warm_start_key(cfg.policy.warm_start, ws_ov) / "hf"
         if not (cached / "config.json").is_file() and accelerator_here() is not None:
-            from .policy import warm_start
-
-            warm_start(cfg.policy.warm_start, cfg.policy.warm_start_overrides, log=log)
+            warm_start(cfg.policy.warm_start, ws_ov, log=log)
         policy_path = str(cached)
     ov = hydra_overrides(cfg, train_file=train_file.resolve(), val_file=val_file.resolve(), policy_path=policy_path,
                          out=out.resolve(), device=device)
