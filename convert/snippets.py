@@ -1,0 +1,68 @@
+"""Loader snippets for app developers (Kotlin for android, Swift for ios),
+filled in with the artifact's real input/output names, shapes and dtypes
+from model.json. Text to paste into an app, not a built app."""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from pathlib import Path
+
+TEMPLATES = Path(__file__).parent / "snippets"
+SNIPPET_FILES = {"android": ("android.kt.tmpl", "ModelRunner.kt"), "ios": ("ios.swift.tmpl", "ModelRunner.swift")}
+# dtype -> (Kotlin array, TensorBuffer write, read) and (Swift element type)
+KOTLIN = {"float32": ("FloatArray", "writeFloat", "readFloat"), "int32": ("IntArray", "writeInt", "readInt"),
+          "int8": ("ByteArray", "writeInt8", "readInt8")}
+SWIFT = {"float32": "Float32", "int32": "Int32", "int8": "Int8", "uint8": "UInt8"}
+
+
+def _ident(name: str, i: int) -> str:
+    words = [w for w in re.split(r"[^0-9A-Za-z]+", name) if w]
+    ident = words[0].lower() + "".join(w.capitalize() for w in words[1:]) if words else f"input{i}"
+    return ident if ident[0].isalpha() else f"x{ident}"
+
+
+def _doc(prefix: str, kind: str, t: dict) -> str:
+    q = t.get("quantization") or {}
+    quant = f", scale {q['scale']:.6g}, zero point {q['zero_point']}" if q.get("scale") else ""
+    return f"    {prefix} {kind} {t['name']!r}: shape {list(t['shape'])}, {t['dtype']}{quant}"
+
+
+def render(target: str, model_json: dict, model_name: str) -> str:
+    tmpl_name, _ = SNIPPET_FILES[target]
+    ins, outs = model_json["inputs"], model_json["outputs"]
+    names = [_ident(t["name"], i) for i, t in enumerate(ins)]
+    docs = [_doc("//", "input", t) for t in ins] + [_doc("//", "output", t) for t in outs]
+    if target == "android":
+        params = ", ".join(f"{n}: {KOTLIN[t['dtype']][0]}" for n, t in zip(names, ins))
+        writes = "\n".join(f"        require({n}.size == {math.prod(t['shape'])})\n"
+                           f"        inputs[{i}].{KOTLIN[t['dtype']][1]}({n})"
+                           for i, (n, t) in enumerate(zip(names, ins)))
+        reads_list = [f"outputs[{j}].{KOTLIN[t['dtype']][2]}()" for j, t in enumerate(outs)]
+        types = [KOTLIN[t["dtype"]][0] for t in outs]
+        return_type = types[0] if len(types) == 1 else "List<Any>"
+        reads = reads_list[0] if len(reads_list) == 1 else f"listOf({', '.join(reads_list)})"
+    else:
+        params = ", ".join(f"{'_ ' if i == 0 else ''}{n}: [{SWIFT[t['dtype']]}]" for i, (n, t) in enumerate(zip(names, ins)))
+        writes = "\n".join(f"        precondition({n}.count == {math.prod(t['shape'])})\n"
+                           f"        try interpreter.copy({n}.withUnsafeBufferPointer {{ Data(buffer: $0) }}, toInputAt: {i})"
+                           for i, (n, t) in enumerate(zip(names, ins)))
+        types = [f"[{SWIFT[t['dtype']]}]" for t in outs]
+        return_type = types[0] if len(types) == 1 else f"({', '.join(types)})"
+        lines = [f"        let out{j} = try interpreter.output(at: {j}).data.withUnsafeBytes "
+                 f"{{ Array($0.bindMemory(to: {SWIFT[t['dtype']]}.self)) }}" for j, t in enumerate(outs)]
+        ret = "out0" if len(outs) == 1 else f"({', '.join(f'out{j}' for j in range(len(outs)))})"
+        reads = "\n".join(lines + [f"        return {ret}"])
+    text = string.Template((TEMPLATES / tmpl_name).read_text())
+    return text.substitute(model=model_name, target=target, quantization=model_json["quantization"],
+                           class_name="ModelRunner", input_docs="\n".join(docs), params=params,
+                           return_type=return_type, writes=writes, reads=reads)
+
+
+def write_snippet(target: str, model_json: dict, out_dir: str | Path, model_name: str) -> Path | None:
+    if target not in SNIPPET_FILES:
+        return None
+    path = Path(out_dir) / SNIPPET_FILES[target][1]
+    path.write_text(render(target, model_json, model_name))
+    return path
