@@ -15,7 +15,7 @@ _BUILTIN = re.compile(r"^[A-Z0-9_]+$")
 def _where(info: ModelInfo, ops: list[dict]) -> str:
     seen: dict[str, set] = {}
     for op in ops:
-        seen.setdefault(op["op"], set()).add(op_module(info, op) or "?")
+        seen.setdefault(op["op"], set()).add(op_module(info, op) or "the top-level forward")
     return "; ".join(f"{name} (from {', '.join(sorted(mods))})" for name, mods in sorted(seen.items()))
 
 

@@ -38,6 +38,7 @@ class LoadedModel:
     task: str | None = None                  # classification | causal-lm | None (unknown)
     notes: list[str] = dataclasses.field(default_factory=list)  # what was changed on the way (bf16 cast, ...)
     int_high: list[int | None] = dataclasses.field(default_factory=list)  # per input: exclusive upper bound for int samples
+    calibration: list[torch.Tensor] | None = None  # manifest's calibration_inputs: real rows, (N, *shape[1:]) per input
 
 
 def parse_input_shape(spec: str) -> tuple[tuple[int, ...], torch.dtype]:
@@ -191,8 +192,13 @@ def _from_manifest(m: dict, path: Path, input_shapes, model_class, model_kwargs)
         if not args:
             args = _shapes_or_example(module, input_shapes, path)
     names = list(m.get("input_names") or [f"input_{i}" for i in range(len(args))])
+    calib = m.get("calibration_inputs")
+    if calib is not None and (not isinstance(calib, (list, tuple)) or len(calib) != len(args) or not all(
+            isinstance(c, torch.Tensor) and tuple(c.shape[1:]) == tuple(a.shape[1:]) for c, a in zip(calib, args))):
+        raise UserError(f"{path}: calibration_inputs must hold one (N, *input_shape[1:]) tensor per input")
     return LoadedModel(module=module, sample_args=args, source_format="tpu-pipeline model.pt manifest",
-                       input_names=names, output_names=m.get("output_names"), task=m.get("task"), notes=notes)
+                       input_names=names, output_names=m.get("output_names"), task=m.get("task"), notes=notes,
+                       calibration=[c.cpu() for c in calib] if calib is not None and not input_shapes else None)
 
 
 def _load_hf_folder(path: Path, input_shapes, seq_len) -> LoadedModel:

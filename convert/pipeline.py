@@ -37,6 +37,7 @@ from .tflite_info import ModelInfo, inspect_model
 Progress = Callable[[str], None]
 CALIB_RANDOM_SAMPLES = 16
 REFERENCE_SAMPLES = 2
+LOCALIZE_SAMPLES = 4  # layer errors are averaged over these parity samples
 MEASURE_THREADS = 1  # torch eager and LiteRT both on one thread: comparable and stable when cores are shared
 LATENCY_BUDGET_S = 0.25  # per measurement: at least 5, at most 50 runs
 
@@ -78,9 +79,13 @@ def convert(model_path: str | Path, options: ConvertOptions | None = None, progr
     say("load: reading " + str(model_path))
     m = load_model(model_path, input_shapes=list(o.input_shapes), model_class=o.model_class,
                    model_kwargs=o.model_kwargs, trust_pickle=o.trust_pickle)
-    calib_data = _read_npz(o.calib, m, "--calib") if o.calib else None
+    calib_data, calib_source = None, None
+    if o.calib:
+        calib_data, calib_source = _read_npz(o.calib, m, "--calib"), "--calib"
+    elif m.calibration is not None:
+        calib_data, calib_source = _rows(m.calibration, m), "the manifest's calibration_inputs"
     eval_data = _read_npz(o.eval_data, m, "--eval-data") if o.eval_data else None
-    samples, sample_source = _parity_samples(m, eval_data, calib_data, o.samples, rng)
+    samples, sample_source, calib_data = _parity_samples(m, eval_data, calib_data, calib_source, o.samples, rng)
     with torch.no_grad(), _threads(MEASURE_THREADS):
         ref = [[t.float().numpy() for t in flatten_outputs(m.module(*[torch.from_numpy(x) for x in s]))] for s in samples]
 
@@ -168,7 +173,7 @@ def _target(prof: TargetProfile, m: LoadedModel, float_model: bytes, calib, samp
             r["errors"] += r["parity"]["reasons"]
             say(f"{prof.name}: parity failed; localizing the first diverging layer")
             with clock("localize"):
-                loc = parity.localize(m.module, m.sample_args, art, info)
+                loc = parity.localize(m.module, samples[:LOCALIZE_SAMPLES], art, info)
             if loc:
                 r["parity"]["first_divergence"] = loc
                 r["errors"].append(f"first diverging layer: {loc['module']} ({loc['op']}, relative error {loc['rel_err']:.3g})")
@@ -268,13 +273,25 @@ def _random_sample(m: LoadedModel, rng) -> list[np.ndarray]:
     return s
 
 
-def _parity_samples(m, eval_data, calib_data, n, rng):
+def _parity_samples(m, eval_data, calib_data, calib_source, n, rng):
+    """-> (parity samples, where they came from, calibration rows). Real data beats random;
+    with enough calibration rows the last n are held out of calibration for parity."""
     if eval_data:
-        return eval_data[:n], f"--eval-data ({min(n, len(eval_data))} rows)"
+        return eval_data[:n], f"--eval-data ({min(n, len(eval_data))} rows)", calib_data
     if calib_data:
-        return calib_data[:n], f"--calib ({min(n, len(calib_data))} rows)"
+        if len(calib_data) >= 2 * n:
+            return calib_data[-n:], f"{calib_source} (last {n} rows, held out of calibration)", calib_data[:-n]
+        return calib_data[:n], f"{calib_source} ({min(n, len(calib_data))} rows, also used for calibration)", calib_data
     first = [a.numpy() for a in m.sample_args]
-    return [first] + [_random_sample(m, rng) for _ in range(n - 1)], "the model's example inputs + random inputs"
+    return [first] + [_random_sample(m, rng) for _ in range(n - 1)], "the model's example inputs + random inputs", None
+
+
+def _rows(tensors: list[torch.Tensor], m: LoadedModel) -> list[list[np.ndarray]]:
+    arrays = [t.detach().cpu().to(a.dtype).numpy() for t, a in zip(tensors, m.sample_args)]
+    n = min(len(a) for a in arrays)
+    if n == 0:
+        raise UserError("calibration_inputs holds no rows")
+    return [[a[i:i + 1] for a in arrays] for i in range(n)]
 
 
 def _read_npz(path, m: LoadedModel, flag: str) -> list[list[np.ndarray]]:

@@ -54,7 +54,7 @@ def render_html(report: dict) -> str:
         p = t.get("parity") or {}
         outs = p.get("outputs", {})
         figs = "<br>".join(
-            f"{e(o)}: max_abs {m['max_abs']:.3g}, rmse {m['rmse']:.3g}, cos {m['cosine']:.6f}, SNR {m['snr_db']:.1f} dB"
+            f"{e(o)}: max_abs {m['max_abs']:.3g}, rmse {m['rmse']:.3g}, cos {m['cosine']:.6f} (worst) / {m.get('cosine_mean', m['cosine']):.6f} (mean), SNR {m['snr_db']:.1f} dB"
             + (f", top-1 {m['top1']:.3f}" if "top1" in m else "") for o, m in outs.items())
         lat = t.get("latency_ms") or {}
         lat_s = (f"{lat['artifact']:.3f} ms vs torch {lat['torch_eager']:.3f} ms" if lat.get("artifact") is not None else "-")

@@ -168,3 +168,23 @@ def test_every_profile_field_is_commented():
         for line in f.read_text().splitlines():
             if "=" in line and not line.startswith("#"):
                 assert "#" in line, f"{f.name}: {line}"
+
+
+def test_manifest_calibration_inputs_feed_calibration_and_held_out_parity(tmp_path):
+    import numpy as np
+
+    from tpu_pipeline.convert.pipeline import _parity_samples, _rows
+
+    p = manifest("DepthwiseCNN", tmp_path / "model.pt")
+    obj = torch.load(p, weights_only=True)
+    obj["calibration_inputs"] = [torch.arange(20 * 64, dtype=torch.float32).reshape(20, 1, 8, 8)]
+    torch.save(obj, p)
+    m = load_model(p)
+    rows = _rows(m.calibration, m)
+    samples, source, calib = _parity_samples(m, None, rows, "manifest", 8, np.random.default_rng(0))
+    assert len(samples) == 8 and len(calib) == 12 and "held out" in source
+    assert samples[0][0][0, 0, 0, 0] == 12 * 64  # the last 8 rows, none of them calibrated on
+    obj["calibration_inputs"] = [torch.zeros(4, 1, 7, 7)]
+    torch.save(obj, p)
+    with pytest.raises(UserError, match="calibration_inputs"):
+        load_model(p)
