@@ -80,11 +80,14 @@ def test_model_class_from_working_directory(tmp_path, monkeypatch):
     assert tuple(m.sample_args[0].shape) == (1, 4)
 
 
-def test_export_archive_with_example_inputs(tmp_path):
+@pytest.mark.parametrize("name", ["m.pt2", "m.pt"])  # a .pt holding an export archive is sniffed, not guessed
+def test_export_archive_with_example_inputs(tmp_path, name):
     ep = torch.export.export(R.DepthwiseCNN().eval(), (torch.randn(1, 1, 8, 8),))
-    torch.export.save(ep, tmp_path / "m.pt2")
-    m = load_model(tmp_path / "m.pt2")
+    torch.export.save(ep, tmp_path / name)
+    m = load_model(tmp_path / name)
     assert m.source_format == "torch.export archive" and tuple(m.sample_args[0].shape) == (1, 1, 8, 8)
+    with pytest.raises(UserError, match=r"does not run on inputs \[2, 1, 8, 8\]"):  # exported with static shapes
+        load_model(tmp_path / name, input_shapes=["2,1,8,8"])
 
 
 def test_pickled_module_needs_trust_pickle(tmp_path):
