@@ -70,7 +70,7 @@ def bench_mode(mode: str, *, steps: int, warmup: int, batch: int) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        return float(loss)
+        return float(loss.detach())
 
     t0 = time.perf_counter()
     first = step(0)

@@ -55,7 +55,8 @@ def _autocast(platform, enabled: bool):
 
 def train(task: Task, recipe: Recipe, *, platform, device, out: Path, config: dict, resume: bool,
           use_compile: bool, pallas: bool, kernels_note: str, dist: DistInfo,
-          hooks: Iterable[Hook] = (), model_hook: Callable[[torch.nn.Module], Any] | None = None) -> dict:
+          hooks: Iterable[Hook] = (), model_hook: Callable[[torch.nn.Module], Any] | None = None,
+          progress: bool | None = None) -> dict:
     L, O = recipe.loop, recipe.optim
     torch.manual_seed(recipe.seed)
     model = task.build_model().to(device)
@@ -85,7 +86,7 @@ def train(task: Task, recipe: Recipe, *, platform, device, out: Path, config: di
         step_model = compile_fn(step_model, platform=platform, pallas=pallas)
 
     writer = MetricsWriter(out, total_steps=L.steps, start_step=start, enabled=dist.main,
-                           description=task.recipe_name)
+                           progress=progress, description=task.recipe_name)
     flops = task.flops_per_sample(model)
     hooks = list(hooks)
     window_loss = torch.zeros((), device=device)

@@ -44,7 +44,12 @@ def run(recipe: str, out: str | Path | None = None, *, device: str = "auto", ste
         compile: bool | None = None, pallas: bool = False, kernels: str = "auto", resume: bool = False,
         seed: int | None = None, nproc: int = 1, overrides: dict[str, Any] | None = None,
         hooks: Iterable = (), progress: bool | None = None) -> dict:
-    """Trains `recipe` into `out` and returns the held-out figures (also in out/eval.json)."""
+    """Trains `recipe` into `out` and returns the held-out figures (also in out/eval.json).
+
+    hooks: callables `hook(step, row)` run after every step in this process (not
+    forwarded to the processes `nproc > 1` launches). progress: the rich progress bar
+    (None: when stderr is a terminal).
+    """
     ov = dict(overrides or {})
     if steps is not None:
         ov["loop.steps"] = steps
@@ -74,6 +79,8 @@ def run(recipe: str, out: str | Path | None = None, *, device: str = "auto", ste
         raise UserError(f"--out {out} exists and is not a folder")
 
     if nproc > 1 and not distributed.under_torchrun():
+        if list(hooks):
+            raise UserError("hooks run in this process only; they cannot follow nproc > 1 (use torchrun directly)")
         distributed.launch(nproc, {"recipe": recipe, "out": str(out), "device": device, "steps": steps,
                                    "compile": compile, "pallas": pallas, "kernels": kernels, "resume": resume,
                                    "seed": seed, "nproc": nproc, "overrides": overrides, "progress": progress})
@@ -91,7 +98,7 @@ def run(recipe: str, out: str | Path | None = None, *, device: str = "auto", ste
         out.mkdir(parents=True, exist_ok=True)
         return train(task, r, platform=platform, device=distributed.device_for(platform, dist), out=out,
                      config=config, resume=resume, use_compile=r.loop.compile, pallas=pallas,
-                     kernels_note=kernels_note, dist=dist, hooks=hooks, model_hook=model_hook)
+                     kernels_note=kernels_note, dist=dist, hooks=hooks, model_hook=model_hook, progress=progress)
     finally:
         distributed.shutdown()
 

@@ -78,3 +78,21 @@ def test_cli_bad_input_is_one_line_exit_2(args, msg, tmp_path):
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error:") and msg in lines[0], res.output
     assert not (tmp_path / "o").exists()
+
+
+def test_metrics_writer_progress_bar_and_resume_truncation(tmp_path):
+    import json
+
+    from tpu_pipeline.train.metrics import MetricsWriter
+
+    w = MetricsWriter(tmp_path, total_steps=4, start_step=0, progress=True)
+    for s in (1, 2, 3, 4):
+        w.log({"step": s, "loss": 1.0 / s, "samples_per_s": 10.0})
+    w.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "lo')  # torn line of a killed run
+    w = MetricsWriter(tmp_path, total_steps=4, start_step=2, progress=False)
+    w.close()
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    MetricsWriter(tmp_path, total_steps=4, start_step=0, progress=False).close()
+    assert not (tmp_path / "metrics.jsonl").exists()
