@@ -29,12 +29,18 @@ def _jax_platforms() -> frozenset[str]:
         return frozenset()
 
 
-def _native_pallas(device: torch.device) -> bool:
-    """Whether Pallas can run compiled (not interpreted) on the tensors' device."""
-    if device.type == "tpu":
+@torch.compiler.assume_constant_result
+def _native_pallas(device_type: str) -> bool:
+    """Whether Pallas can run compiled (not interpreted) on this device kind.
+
+    A constant to torch.compile (it asks JAX about devices, which dynamo must not trace).
+    """
+    if device_type == "tpu":
         return True  # through torch.tpu.pallas.jax_op, no JAX device needed here
-    if device.type == "cuda":
-        return "gpu" in _jax_platforms() or "cuda" in _jax_platforms()
+    if device_type == "cuda":
+        if {"gpu", "cuda"} & _jax_platforms():
+            return True
+        warnings.warn("kernels impl 'auto': JAX sees no GPU (jax[cuda12] not installed?); using torch", stacklevel=2)
     return False
 
 
@@ -44,9 +50,7 @@ def use_pallas(impl: str, device: torch.device) -> bool:
         return False
     if impl == "pallas":
         return True
-    if device.type == "cuda" and not _native_pallas(device):
-        warnings.warn("kernels impl 'auto': JAX sees no GPU (jax[cuda] not installed?); using torch", stacklevel=3)
-    return _native_pallas(device)
+    return _native_pallas(device.type)
 
 
 def _bridge():

@@ -61,6 +61,16 @@ def test_auto_picks_torch_on_cpu_and_pallas_is_forced(monkeypatch):
     assert len(calls) == 1
 
 
+def test_auto_picks_native_pallas_only_where_jax_can_drive_the_device(monkeypatch):
+    from tpu_pipeline.kernels import _api
+
+    monkeypatch.setattr(_api, "_jax_platforms", lambda: frozenset({"gpu"}))
+    assert _api._native_pallas("cuda") and _api._native_pallas("tpu") and not _api._native_pallas("cpu")
+    monkeypatch.setattr(_api, "_jax_platforms", lambda: frozenset({"cpu"}))  # torch has CUDA, JAX does not
+    with pytest.warns(UserWarning, match="JAX sees no GPU"):
+        assert not _api._native_pallas("cuda")
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda: rms_norm(torch.randn(4, 8), torch.randn(7)), "weight shape"),
     (lambda: rms_norm(torch.randn(4, 8), torch.randn(8), impl="cuda"), "valid: auto, pallas, torch"),
