@@ -132,3 +132,20 @@ def test_dlpack_crossing_is_zero_copy():
 
     t = torch.randn(64, 32)
     assert jax.dlpack.from_dlpack(t).unsafe_buffer_pointer() == t.data_ptr()
+
+
+def test_bench_script_runs_on_cpu_and_says_interpret_mode(capsys, tmp_path):
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[2] / "bench" / "kernels.py"
+    spec = importlib.util.spec_from_file_location("bench_kernels", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "k.json"
+    assert bench.main(["--device", "cpu", "--only", "rms", "--warmup", "0", "--iters", "1", "--out", str(out)]) == 0
+    assert "INTERPRET mode" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["ceilings"]["bandwidth_gbs"] > 0
+    assert result["kernels"][0]["kernel"] == "rms_norm" and result["kernels"][0]["fwd+bwd"]["pallas_ms"] > 0
