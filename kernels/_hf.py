@@ -43,10 +43,21 @@ def _attention_forward(module, query, key, value, attention_mask, dropout: float
     if attention_mask is not None or dropout > 0.0:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+        if kv_start is not None:  # dropout: torch runs it, so the padding becomes a mask again
+            attention_mask = _mask_from_start(kv_start, query.shape[2], key.shape[2], causal)
+
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     out = flash_attention(query, key, value, causal=causal, sm_scale=scaling, kv_start=kv_start, impl=impl)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _mask_from_start(kv_start: torch.Tensor, sq: int, sk: int, causal: bool) -> torch.Tensor:
+    """Boolean [B, 1, Sq, Sk] mask equal to what the kernel applies (True = attend)."""
+    i = torch.arange(sq, device=kv_start.device)[:, None]
+    j = torch.arange(sk, device=kv_start.device)[None, :]
+    keep = (j <= i + (sk - sq)) if causal else torch.ones(sq, sk, dtype=torch.bool, device=kv_start.device)
+    return keep[None, None] & (j >= kv_start.view(-1, 1, 1, 1))
 
 
 def _kernel_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,

@@ -152,3 +152,17 @@ def test_sequence_logprobs_matches_the_logits(stock):
 def test_use_kernels_rejects_a_model_without_transformers_attention():
     with pytest.raises(UserError, match="no transformers attention"):
         use_kernels(torch.nn.Linear(3, 3), "pallas")
+
+
+def test_attention_dropout_falls_back_to_torch_and_keeps_the_padding(stock, attention_shapes):
+    """Dropout is torch's job; the left padding must survive the hand-over (with p=0 the
+    outputs must then equal the kernel's)."""
+    from tpu_pipeline.kernels import _hf
+
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
+    start = torch.tensor([0, 2], dtype=torch.int32)
+    module = copy.deepcopy(stock).model.layers[0].self_attn
+    module._tpu_pipeline_kernels = "torch"
+    want, _ = _hf._attention_forward(module, q, k, k, start, scaling=0.3)
+    got, _ = _hf._attention_forward(module, q, k, k, start, dropout=1e-12, scaling=0.3)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
