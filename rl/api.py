@@ -71,6 +71,13 @@ def _policy_and_optimizer(cfg: RLConfig, platform, log):
         path = folder / "hf"
         carry = folder / "optimizer.pt" if cfg.policy.carry_optimizer_state else None
     model, tok = load_policy(path, platform.device)
+    kernels = cfg.trainer.kernels
+    if kernels == "pallas" or (kernels == "auto" and platform.kind != "cpu"):
+        # RMSNorm and attention through tpu_pipeline.kernels; on CPU "auto" keeps the plain
+        # model (Pallas only runs interpreted there, a correctness tool, not a fast path).
+        from ..kernels import use_kernels
+
+        use_kernels(model, kernels)
     opt, carried = build_optimizer(model, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                    carry_from=carry if carry and carry.is_file() else None)
     info["optimizer_state_carried"] = carried

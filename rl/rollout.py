@@ -50,13 +50,17 @@ def generate(model, prompt_ids: list[list[int]], *, n: int, max_new_tokens: int,
     """`n` samples for each prompt (rows i*n..i*n+n-1 belong to prompt i)."""
     device = next(model.parameters()).device
     prompts, pmask = left_pad(prompt_ids, pad_id)
-    prompts = prompts.repeat_interleave(n, 0).to(device)
-    pmask = pmask.repeat_interleave(n, 0).to(device)
-    B = prompts.shape[0]
-    mask = pmask
-    out = model(input_ids=prompts, attention_mask=mask, position_ids=positions(mask), use_cache=True)
+    prompts, pmask = prompts.to(device), pmask.to(device)
+    # Prefill each distinct prompt once, then copy its KV cache to its n samples.
+    out = model(input_ids=prompts, attention_mask=pmask, position_ids=positions(pmask), use_cache=True)
     cache = out.past_key_values
     logits = out.logits[:, -1, :]
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+        logits = logits.repeat_interleave(n, 0)
+        prompts, pmask = prompts.repeat_interleave(n, 0), pmask.repeat_interleave(n, 0)
+    B = prompts.shape[0]
+    mask = pmask
     next_pos = positions(mask)[:, -1:] + 1
     done = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, keep = [], []
