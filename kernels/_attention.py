@@ -25,7 +25,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, kernel_jit, pad_axis, read_row_scalar, round_up, row_scalars_spec
+from ._common import (NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, feature_dim, kernel_jit, pad_axis, read_row_scalar,
+                      round_up, row_scalars_spec)
 
 
 def _mask(rows, cols, *, start, sk, offset, causal: bool):
@@ -47,8 +48,8 @@ def _fwd_kernel(bnd_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, causal, 
 
     def body(j, carry):
         m, l, o = carry
-        k = k_ref[pl.ds(j * bk, bk), :]
-        v = v_ref[pl.ds(j * bk, bk), :]
+        k = k_ref[pl.ds(pl.multiple_of(j * bk, bk), bk), :]
+        v = v_ref[pl.ds(pl.multiple_of(j * bk, bk), bk), :]
         s = dot_nt(q, k, acc) * scale
         mask = _mask(rows, j * bk + cols0, start=start, sk=sk, offset=offset, causal=causal)
         s = jnp.where(mask, s, NEG)
@@ -82,8 +83,8 @@ def _dq_kernel(bnd_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref,
     hi = jnp.clip((qi * bq + bq + offset + bk - 1) // bk, 0, nk) if causal else nk
 
     def body(j, dq):
-        k = k_ref[pl.ds(j * bk, bk), :]
-        v = v_ref[pl.ds(j * bk, bk), :]
+        k = k_ref[pl.ds(pl.multiple_of(j * bk, bk), bk), :]
+        v = v_ref[pl.ds(pl.multiple_of(j * bk, bk), bk), :]
         mask = _mask(rows, j * bk + cols0, start=start, sk=sk, offset=offset, causal=causal)
         p = jnp.where(mask, jnp.exp(dot_nt(q, k, acc) * scale - lse), 0.0)
         ds = p * (dot_nt(do, v, acc) - delta)
@@ -107,10 +108,10 @@ def _dkv_kernel(bnd_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref
 
     def body(i, carry):
         dk, dv = carry
-        q = q_ref[pl.ds(i * bq, bq), :]
-        do = do_ref[pl.ds(i * bq, bq), :]
-        lse = lse_ref[pl.ds(i * bq, bq)][:, None]
-        delta = delta_ref[pl.ds(i * bq, bq)][:, None]
+        q = q_ref[pl.ds(pl.multiple_of(i * bq, bq), bq), :]
+        do = do_ref[pl.ds(pl.multiple_of(i * bq, bq), bq), :]
+        lse = lse_ref[pl.ds(pl.multiple_of(i * bq, bq), bq)][:, None]
+        delta = delta_ref[pl.ds(pl.multiple_of(i * bq, bq), bq)][:, None]
         rows = i * bq + rows0
         mask = _mask(rows, cols, start=start, sk=sk, offset=offset, causal=causal) & (rows < sq)
         p = jnp.where(mask, jnp.exp(dot_nt(q, k, acc) * scale - lse), 0.0)
@@ -152,9 +153,10 @@ def attention_fwd(q, k, v, bounds, *, causal: bool, scale: float, block_q: int, 
     are data, not compile-time constants, so decode steps of one bucket share a
     compiled kernel. Causal alignment counts from the last key in use.
     """
-    b, hq, hkv, sq, sk, d, bq, bk, sq_p, sk_p = _geometry(q, k, block_q, block_k)
+    b, hq, hkv, sq, sk, d_real, bq, bk, sq_p, sk_p = _geometry(q, k, block_q, block_k)
     g = hq // hkv
-    qp, kp, vp = pad_axis(q, 2, sq_p), pad_axis(k, 2, sk_p), pad_axis(v, 2, sk_p)
+    d = feature_dim(d_real, interpret)
+    qp, kp, vp = (pad_axis(pad_axis(t, 2, s), 3, d) for t, s in ((q, sq_p), (k, sk_p), (v, sk_p)))
     kern = functools.partial(_fwd_kernel, scale=scale, causal=causal, bq=bq, bk=bk, sq=sq, nk=sk_p // bk)
     qspec = pl.BlockSpec((None, None, bq, d), lambda bi, h, i: (bi, h, i, 0))
     kvspec = pl.BlockSpec((None, None, sk_p, d), lambda bi, h, i: (bi, h // g, 0, 0))
@@ -165,21 +167,21 @@ def attention_fwd(q, k, v, bounds, *, causal: bool, scale: float, block_q: int, 
                    jax.ShapeDtypeStruct((b, hq, sq_p), acc_dtype(q.dtype))],
         interpret=interpret, poison=poison, name="flash_attention_fwd",
     )(bounds, qp, kp, vp)
-    return o[:, :, :sq], lse[:, :, :sq]
+    return o[:, :, :sq, :d_real], lse[:, :, :sq]
 
 
 @kernel_jit(static_argnames=_STATIC)
 def attention_bwd(q, k, v, bounds, o, lse, do, *, causal: bool, scale: float, block_q: int, block_k: int,
                   interpret: bool, poison: bool = False):
     """-> (dq, dk, dv) shaped like q, k, v."""
-    b, hq, hkv, sq, sk, d, bq, bk, sq_p, sk_p = _geometry(q, k, block_q, block_k)
+    b, hq, hkv, sq, sk, d_real, bq, bk, sq_p, sk_p = _geometry(q, k, block_q, block_k)
     g = hq // hkv
+    d = feature_dim(d_real, interpret)
     acc = acc_dtype(q.dtype)
     # delta_i = sum_d o_i * do_i: the row term of softmax's backward, shared by both kernels.
     delta = jnp.sum(o.astype(acc) * do.astype(acc), axis=-1)
-    qp, dop = pad_axis(q, 2, sq_p), pad_axis(do, 2, sq_p)
+    qp, dop, kp, vp = (pad_axis(pad_axis(t, 2, s), 3, d) for t, s in ((q, sq_p), (do, sq_p), (k, sk_p), (v, sk_p)))
     lsep, deltap = pad_axis(lse, 2, sq_p), pad_axis(delta, 2, sq_p)
-    kp, vp = pad_axis(k, 2, sk_p), pad_axis(v, 2, sk_p)
     common = dict(scale=scale, causal=causal, bq=bq, bk=bk, sq=sq)
 
     qblk = pl.BlockSpec((None, None, bq, d), lambda bi, h, i: (bi, h, i, 0))
@@ -203,6 +205,6 @@ def attention_bwd(q, k, v, bounds, o, lse, do, *, causal: bool, scale: float, bl
         interpret=interpret, poison=poison, name="flash_attention_dkv",
     )(bounds, qp, kp, vp, dop, lsep, deltap)
     # Per-query-head partials -> sum over the heads that share a key/value head.
-    dk = dk[:, :, :sk].reshape(b, hkv, g, sk, d).sum(axis=2).astype(k.dtype)
-    dv = dv[:, :, :sk].reshape(b, hkv, g, sk, d).sum(axis=2).astype(v.dtype)
-    return dq[:, :, :sq], dk, dv
+    dk = dk[:, :, :sk, :d_real].reshape(b, hkv, g, sk, d_real).sum(axis=2).astype(k.dtype)
+    dv = dv[:, :, :sk, :d_real].reshape(b, hkv, g, sk, d_real).sum(axis=2).astype(v.dtype)
+    return dq[:, :, :sq, :d_real], dk, dv

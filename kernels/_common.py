@@ -115,3 +115,12 @@ def row_scalars_spec(n: int):
 def read_row_scalar(ref, i: int):
     """Scalar i of this program's row of a row_scalars_spec array."""
     return ref[pl.program_id(0), i] if _tpu() else ref[i]
+
+
+def feature_dim(n: int, interpret: bool) -> int:
+    """Size a feature (lane) dimension is padded to: Pallas on GPU lowers through
+    Triton, whose blocks must be powers of two; elsewhere the true size. Zero
+    padding leaves dot products and sums of squares unchanged."""
+    if interpret or jax.default_backend() != "gpu":
+        return n
+    return max(16, pl.next_power_of_2(n))

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, pad_axis, round_up, kernel_jit
+from ._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, feature_dim, kernel_jit, pad_axis, round_up
 
 
 def _lse_step(carry, s, cols, lab):
@@ -54,7 +54,7 @@ def _tl_fwd_kernel(x_ref, lab_ref, lp_ref, lse_ref, *, bv, v, nv):
 
     def body(c, carry):
         cols = c * bv + cols0
-        s = jnp.where(cols < v, x_ref[:, pl.ds(c * bv, bv)].astype(acc), NEG)
+        s = jnp.where(cols < v, x_ref[:, pl.ds(pl.multiple_of(c * bv, bv), bv)].astype(acc), NEG)
         return _lse_step(carry, s, cols, lab)
 
     _finish(lax.fori_loop(0, nv, body, _init(br, acc)), lab, lp_ref, lse_ref)
@@ -130,7 +130,7 @@ def _ltl_fwd_kernel(h_ref, w_ref, lab_ref, lp_ref, lse_ref, *, bv, v, nv):
 
     def body(c, carry):
         cols = c * bv + cols0
-        s = jnp.where(cols < v, dot_nt(h, w_ref[pl.ds(c * bv, bv), :], acc), NEG)
+        s = jnp.where(cols < v, dot_nt(h, w_ref[pl.ds(pl.multiple_of(c * bv, bv), bv), :], acc), NEG)
         return _lse_step(carry, s, cols, lab)
 
     _finish(lax.fori_loop(0, nv, body, _init(br, acc)), lab, lp_ref, lse_ref)
@@ -149,7 +149,7 @@ def _ltl_dh_kernel(h_ref, w_ref, lab_ref, lse_ref, g_ref, dh_ref, *, bv, v, nv):
     cols0 = lax.broadcasted_iota(jnp.int32, (h.shape[0], bv), 1)
 
     def body(c, dh):
-        w = w_ref[pl.ds(c * bv, bv), :]
+        w = w_ref[pl.ds(pl.multiple_of(c * bv, bv), bv), :]
         d = _dlogits(h, w, lab, lse, g, c * bv + cols0, v, acc)
         return dh + dot_nn(d.astype(w.dtype), w, acc)
 
@@ -163,7 +163,7 @@ def _ltl_dw_kernel(h_ref, w_ref, lab_ref, lse_ref, g_ref, dw_ref, *, br, v, nr):
     cols = pl.program_id(0) * bv + lax.broadcasted_iota(jnp.int32, (br, bv), 1)
 
     def body(r, dw):
-        sl = pl.ds(r * br, br)
+        sl = pl.ds(pl.multiple_of(r * br, br), br)
         h = h_ref[sl, :]
         d = _dlogits(h, w, lab_ref[sl, :], lse_ref[sl, :], g_ref[sl, :], cols, v, acc)
         return dw + dot_tn(d.astype(h.dtype), h, acc)
@@ -175,7 +175,9 @@ def _ltl_dw_kernel(h_ref, w_ref, lab_ref, lse_ref, g_ref, dw_ref, *, br, v, nr):
 def linear_token_logprobs_fwd(h, w, labels, *, block_rows: int, block_vocab: int, interpret: bool,
                               poison: bool = False):
     """h [N, H], w [V, H], labels [N] -> (logprobs [N], lse [N]) float32 (float64 for float64 h)."""
-    n, d = h.shape
+    n, d_real = h.shape
+    d = feature_dim(d_real, interpret)
+    h, w = pad_axis(h, 1, d), pad_axis(w, 1, d)
     v = w.shape[0]
     acc = acc_dtype(h.dtype)
     br, n_p = _rows(n, block_rows)
@@ -194,11 +196,12 @@ def linear_token_logprobs_fwd(h, w, labels, *, block_rows: int, block_vocab: int
 def linear_token_logprobs_bwd(h, w, labels, lse, g, *, block_rows: int, block_vocab: int, interpret: bool,
                               poison: bool = False):
     """-> (d h [N, H] in h.dtype, d w [V, H] in w.dtype)."""
-    n, d = h.shape
+    n, d_real = h.shape
+    d = feature_dim(d_real, interpret)
     v = w.shape[0]
     br, n_p = _rows(n, block_rows)
     bv, v_p = _vocab(v, block_vocab)
-    hp, wp = pad_axis(h, 0, n_p), pad_axis(w, 0, v_p)
+    hp, wp = pad_axis(pad_axis(h, 0, n_p), 1, d), pad_axis(pad_axis(w, 0, v_p), 1, d)
     labp = pad_axis(labels.reshape(n, 1), 0, n_p, -1)
     lsep = pad_axis(lse.reshape(n, 1), 0, n_p)
     gp = pad_axis(g.reshape(n, 1).astype(lse.dtype), 0, n_p)
@@ -221,4 +224,4 @@ def linear_token_logprobs_bwd(h, w, labels, lse, g, *, block_rows: int, block_vo
         out_shape=[jax.ShapeDtypeStruct((v_p, d), w.dtype)],
         interpret=interpret, poison=poison, name="linear_token_logprobs_dw",
     )(hp, wp, labp, lsep, gp)
-    return dh[:n], dw[:v]
+    return dh[:n, :d_real], dw[:v, :d_real]

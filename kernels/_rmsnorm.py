@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ._common import acc_dtype, call, pad_axis, round_up, kernel_jit
+from ._common import acc_dtype, call, feature_dim, kernel_jit, pad_axis, round_up
 
 
 def _fwd_kernel(x_ref, w_ref, y_ref, rstd_ref, *, eps: float, d: int):
@@ -44,38 +44,41 @@ def _bwd_kernel(x_ref, w_ref, rstd_ref, dy_ref, dx_ref, dw_ref, *, d: int):
 def rms_norm_fwd(x, w, *, eps: float, block_rows: int, interpret: bool, poison: bool = False):
     """x [N, D], w [D] -> (y [N, D] in x.dtype, rstd [N, 1] float32/64)."""
     n, d = x.shape
+    dp = feature_dim(d, interpret)
     acc = acc_dtype(x.dtype)
     br = min(block_rows, round_up(n, 8))
     n_p = round_up(n, br)
-    xp = pad_axis(x, 0, n_p)
-    row = pl.BlockSpec((br, d), lambda i: (i, 0))
+    xp = pad_axis(pad_axis(x, 0, n_p), 1, dp)
+    row = pl.BlockSpec((br, dp), lambda i: (i, 0))
     col = pl.BlockSpec((br, 1), lambda i: (i, 0))
     y, rstd = call(
         functools.partial(_fwd_kernel, eps=eps, d=d), grid=(n_p // br,),
-        in_specs=[row, pl.BlockSpec((1, d), lambda i: (0, 0))], out_specs=[row, col],
-        out_shape=[jax.ShapeDtypeStruct((n_p, d), x.dtype), jax.ShapeDtypeStruct((n_p, 1), acc)],
+        in_specs=[row, pl.BlockSpec((1, dp), lambda i: (0, 0))], out_specs=[row, col],
+        out_shape=[jax.ShapeDtypeStruct((n_p, dp), x.dtype), jax.ShapeDtypeStruct((n_p, 1), acc)],
         interpret=interpret, poison=poison, name="rms_norm_fwd",
-    )(xp, w.reshape(1, d))
-    return y[:n], rstd[:n]
+    )(xp, pad_axis(w.reshape(1, d), 1, dp))
+    return y[:n, :d], rstd[:n]
 
 
 @kernel_jit(static_argnames=("block_rows", "interpret", "poison"))
 def rms_norm_bwd(x, w, rstd, dy, *, block_rows: int, interpret: bool, poison: bool = False):
     """-> (dx [N, D] in x.dtype, dw [D] in w.dtype)."""
     n, d = x.shape
+    dp = feature_dim(d, interpret)
     acc = acc_dtype(x.dtype)
     br = min(block_rows, round_up(n, 8))
     n_p = round_up(n, br)
     nb = n_p // br
     # Padded rows carry dy = 0, so they add nothing to dw.
-    xp, dyp, rp = pad_axis(x, 0, n_p), pad_axis(dy, 0, n_p), pad_axis(rstd, 0, n_p, 1.0)
-    row = pl.BlockSpec((br, d), lambda i: (i, 0))
+    xp, dyp = pad_axis(pad_axis(x, 0, n_p), 1, dp), pad_axis(pad_axis(dy, 0, n_p), 1, dp)
+    rp = pad_axis(rstd, 0, n_p, 1.0)
+    row = pl.BlockSpec((br, dp), lambda i: (i, 0))
     col = pl.BlockSpec((br, 1), lambda i: (i, 0))
     dx, dw_part = call(
         functools.partial(_bwd_kernel, d=d), grid=(nb,),
-        in_specs=[row, pl.BlockSpec((1, d), lambda i: (0, 0)), col, row],
-        out_specs=[row, pl.BlockSpec((1, d), lambda i: (i, 0))],
-        out_shape=[jax.ShapeDtypeStruct((n_p, d), x.dtype), jax.ShapeDtypeStruct((nb, d), acc)],
+        in_specs=[row, pl.BlockSpec((1, dp), lambda i: (0, 0)), col, row],
+        out_specs=[row, pl.BlockSpec((1, dp), lambda i: (i, 0))],
+        out_shape=[jax.ShapeDtypeStruct((n_p, dp), x.dtype), jax.ShapeDtypeStruct((nb, dp), acc)],
         interpret=interpret, poison=poison, name="rms_norm_bwd",
-    )(xp, w.reshape(1, d), rp, dyp)
-    return dx[:n], jnp.sum(dw_part, axis=0).astype(w.dtype)
+    )(xp, pad_axis(w.reshape(1, d), 1, dp), rp, dyp)
+    return dx[:n, :d], jnp.sum(dw_part, axis=0)[:d].astype(w.dtype)

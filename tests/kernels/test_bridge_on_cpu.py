@@ -149,3 +149,32 @@ def test_bench_script_runs_on_cpu_and_says_interpret_mode(capsys, tmp_path):
     result = json.loads(out.read_text())
     assert result["ceilings"]["bandwidth_gbs"] > 0
     assert result["kernels"][0]["kernel"] == "rms_norm" and result["kernels"][0]["fwd+bwd"]["pallas_ms"] > 0
+
+
+def test_gpu_feature_padding_is_exact(monkeypatch):
+    """On GPU, feature dims are zero-padded to powers of two (Triton's block rule). Forced
+    on here, in interpret mode: outputs and gradients must not change."""
+    from tpu_pipeline.kernels import _attention, _logprobs, _rmsnorm
+
+    for mod in (_rmsnorm, _attention, _logprobs):
+        monkeypatch.setattr(mod, "feature_dim", lambda n, interpret: max(16, 1 << (n - 1).bit_length()))
+    g = torch.Generator().manual_seed(0)
+    d = dict(dtype=torch.float64)
+    cases = [
+        (lambda x, w: rms_norm(x, w, impl="pallas", block_rows=8), lambda x, w: ref.rms_norm(x, w),
+         (torch.randn(5, 7, 12, generator=g, **d), torch.randn(12, generator=g, **d))),
+        (lambda q, k: flash_attention(q, k, k, impl="pallas", block_q=8, block_k=8),
+         lambda q, k: ref.flash_attention(q, k, k),
+         (torch.randn(1, 2, 5, 6, generator=g, **d), torch.randn(1, 1, 7, 6, generator=g, **d))),
+        (lambda h, w: linear_token_logprobs(h, w, torch.tensor([[1, 5, 39]]), impl="pallas"),
+         lambda h, w: ref.linear_token_logprobs(h, w, torch.tensor([[1, 5, 39]])),
+         (torch.randn(1, 3, 6, generator=g, **d), torch.randn(40, 6, generator=g, **d))),
+    ]
+    for kernel, reference, inputs in cases:
+        a = [t.clone().requires_grad_() for t in inputs]
+        b = [t.clone().requires_grad_() for t in inputs]
+        out, want = kernel(*a), reference(*b)
+        torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-12)
+        cot = torch.randn(out.shape, generator=g, **d)
+        for ga, gb in zip(torch.autograd.grad(out, a, cot), torch.autograd.grad(want, b, cot)):
+            torch.testing.assert_close(ga, gb, rtol=1e-10, atol=1e-12)
