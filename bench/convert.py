@@ -1,14 +1,14 @@
 """Benchmark for `tpu-pipeline convert`: three model families, one run.
 
-For each model: wall time of convert --targets all (library call, five targets
+For each model (three families; the CNN also at a microcontroller size): wall time of convert --targets all (library call, five targets
 with compatibility checks and parity) against one bare
 `litert_torch.convert(model, args).export(path)` of the same model, measured
 in the same process after a warm-up conversion (imports and torch.export's
 first-call costs paid once for both). Per target: artifact size, parity figures
 and median latency on ai-edge-litert against torch eager on the same input.
 
-CPU command (about 4 minutes on 2 cores):
-    nice -n 5 .venv/bin/python bench/convert.py --out runs/bench_convert
+CPU command (about 10 minutes on 2 shared cores with --repeats 3):
+    nice -n 5 .venv/bin/python bench/convert.py --out runs/bench_convert --repeats 3
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from tpu_pipeline.errors import PipelineError
 
 MODELS = {  # family -> (class, kwargs)
     "depthwise_cnn": ("DepthwiseCNN", {"in_channels": 3, "size": 64, "width": 32, "blocks": 4, "classes": 100}),
+    # MCU-sized: its activations fit the iot profile's 256 KiB arena, so TFLM parity has figures.
+    "depthwise_cnn_mcu": ("DepthwiseCNN", {"in_channels": 1, "size": 32, "width": 16, "blocks": 2, "classes": 10}),
     "transformer_encoder": ("TinyEncoder", {"vocab": 1000, "seq": 64, "dim": 128, "heads": 4, "layers": 4, "classes": 10}),
     "decoder_lm": ("TinyDecoderLM", {"vocab": 1000, "seq": 64, "dim": 128, "heads": 4, "layers": 4}),
 }
