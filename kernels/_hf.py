@@ -102,31 +102,39 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTN_NAME, _kernel_mask)
 
 
+# Families whose RMSNorm is x * rsqrt(mean(x^2) + eps) * weight and whose attention is
+# plain scaled dot-product (no logit soft-capping, no attention sinks). Gemma's norm
+# scales by (1 + weight), for one, so a name-based swap would be silently wrong.
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+
+
 def use_kernels(model: torch.nn.Module, impl: str = "auto") -> torch.nn.Module:
     """Route a transformers model's RMSNorm and attention through these kernels (in place).
 
     Returns the model. Counts of swapped modules are in `model._tpu_pipeline_kernels_info`.
     """
     _check_impl(impl)
-    norms = 0
-    attns = 0
-    for mod in model.modules():
-        if type(mod).__name__.endswith("RMSNorm") and isinstance(getattr(mod, "weight", None), torch.Tensor):
-            setattr(mod, _IMPL_ATTR, impl)
-            mod.forward = types.MethodType(_rmsnorm_forward, mod)
-            norms += 1
-        elif hasattr(mod, "num_key_value_groups") and hasattr(mod, "scaling"):
-            setattr(mod, _IMPL_ATTR, impl)
-            attns += 1
     config = getattr(model, "config", None)
-    if config is None or not attns:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED:
+        raise UserError(f"use_kernels: {type(model).__name__} (model_type {model_type!r}) is not supported; "
+                        f"supported transformers families: {', '.join(SUPPORTED)}")
+    norms = [m for m in model.modules()
+             if type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor)]
+    attns = [m for m in model.modules() if hasattr(m, "num_key_value_groups") and hasattr(m, "scaling")]
+    if not attns:
         raise UserError(f"use_kernels: {type(model).__name__} has no transformers attention modules to route")
     _register()
+    for mod in norms:
+        setattr(mod, _IMPL_ATTR, impl)
+        mod.forward = types.MethodType(_rmsnorm_forward, mod)
+    for mod in attns:
+        setattr(mod, _IMPL_ATTR, impl)
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(ATTN_NAME)
     else:
         config._attn_implementation = ATTN_NAME
-    model._tpu_pipeline_kernels_info = {"impl": impl, "rms_norm": norms, "attention": attns}
+    model._tpu_pipeline_kernels_info = {"impl": impl, "rms_norm": len(norms), "attention": len(attns)}
     return model
 
 

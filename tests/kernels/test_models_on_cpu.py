@@ -149,9 +149,17 @@ def test_sequence_logprobs_matches_the_logits(stock):
     assert (got[~keep] == 0).all()
 
 
-def test_use_kernels_rejects_a_model_without_transformers_attention():
-    with pytest.raises(UserError, match="no transformers attention"):
+def test_use_kernels_rejects_models_it_cannot_serve_and_leaves_them_untouched():
+    with pytest.raises(UserError, match="not supported; supported transformers families: llama"):
         use_kernels(torch.nn.Linear(3, 3), "pallas")
+    # Gemma's RMSNorm scales by (1 + weight): swapping it by name would be silently wrong.
+    cfg = transformers.GemmaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    gemma = transformers.GemmaForCausalLM(cfg)
+    with pytest.raises(UserError, match="'gemma'"):
+        use_kernels(gemma, "pallas")
+    assert gemma.config._attn_implementation != "tpu_pipeline"
+    assert not hasattr(gemma.model.norm, "_tpu_pipeline_kernels")
 
 
 def test_attention_dropout_falls_back_to_torch_and_keeps_the_padding(stock, attention_shapes):
