@@ -76,14 +76,17 @@ def _kernel_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
                          kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                          local_size=local_size, **{**kwargs, "allow_is_causal_skip": False})
 
-    # The kernel's causal mask assumes the queries are the last q_length keys.
-    aligned = int(q_offset) + q_length == int(kv_offset) + kv_length
+    # The kernel's causal mask assumes the queries are the last q_length keys. Tensor
+    # offsets come from static caches (keys not aligned to the end): torch's case.
+    if isinstance(q_offset, torch.Tensor) or isinstance(kv_offset, torch.Tensor):
+        return fallback()
+    aligned = q_offset + q_length == kv_offset + kv_length
     if mask_function is not causal_mask_function or local_size is not None or not aligned:
         return fallback()
     padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
     if padding is None:
         return None
-    padding = padding[:, int(kv_offset): int(kv_offset) + kv_length].bool()
+    padding = padding[:, kv_offset: kv_offset + kv_length].bool()
     j = torch.arange(kv_length, device=padding.device)
     has = padding.any(-1)
     start = torch.where(has, padding.int().argmax(-1), kv_length)

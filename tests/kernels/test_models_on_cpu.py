@@ -84,6 +84,17 @@ def test_generation_with_kv_cache_matches_and_decodes_in_the_kernel(stock, atten
     assert (1, 8) in attention_shapes and (1, 9) in attention_shapes
 
 
+def test_static_cache_generation_falls_back_and_matches(stock, attention_shapes):
+    """A static cache's keys are not aligned to the end (its kv length is the cache size):
+    the kernel's bottom-right causal mask would be wrong, so every step goes to torch."""
+    model = use_kernels(copy.deepcopy(stock), "pallas")
+    prompt = torch.randint(3, 40, (1, 5))
+    kw = dict(max_new_tokens=2, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0,
+              cache_implementation="static")
+    assert torch.equal(model.generate(prompt, **kw), stock.generate(prompt, **kw))
+    assert attention_shapes == []
+
+
 def test_padding_with_holes_falls_back_to_torch(stock, attention_shapes):
     model = use_kernels(copy.deepcopy(stock), "pallas")
     ids = torch.randint(3, 40, (2, 9))
