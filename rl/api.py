@@ -143,6 +143,13 @@ def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool,
     else:
         log(f"evaluating the starting policy on {len(heldout)} held-out problems")
         before = {**eng.evaluate(heldout, k=cfg.trainer.eval_k), "policy": ws_info["path"]}
+        if not cfg.policy.path and hasattr(source, "unseen"):
+            from .policy import warm_start_overrides, warm_start_training_set
+
+            ts = warm_start_training_set(cfg.policy.warm_start, warm_start_overrides(cfg))
+            unseen = source.unseen(cfg.data.heldout_n, *ts) if ts else []
+            if unseen:
+                before["unseen_accuracy"] = eng.evaluate(unseen)["accuracy"]
         atomic_write_json(before_path, before)
     mlog = MetricsLog(out, progress=progress, total=cfg.trainer.steps)
     mlog.truncate_after(eng.step)
@@ -156,8 +163,10 @@ def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool,
         eng.save_checkpoint()
     after = {**eng.evaluate(heldout, k=cfg.trainer.eval_k), "policy": str(out / "policy")}
     save_policy(model, tok, out / "policy")
+    unseen = _unseen_by_warm_start(cfg, eng, source, before)
     evals = {
         "before": before, "after": after,
+        **({"unseen_by_warm_start": unseen} if unseen else {}),
         "gain_points": round(100 * (after["accuracy"] - before["accuracy"]), 2),
         "steps": eng.step, "rl_seconds": round(eng.elapsed, 2),
         "warm_start": ws_info, "wall_seconds": round(time.time() - t_wall, 2),
@@ -170,6 +179,26 @@ def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool,
         log(f"warning: learning-curve plot failed ({type(e).__name__}: {e})")
     write_eval(out, evals)
     return evals
+
+
+def _unseen_by_warm_start(cfg: RLConfig, eng, source, before: dict) -> dict | None:
+    """Greedy accuracy, before and after RL, on held-out prompts the warm start never saw
+    either (the arith_lm held-out definition): reported beside the main split."""
+    if cfg.policy.path or not hasattr(source, "unseen"):
+        return None
+    from .policy import warm_start_overrides, warm_start_training_set
+
+    ts = warm_start_training_set(cfg.policy.warm_start, warm_start_overrides(cfg))
+    if ts is None:
+        return None
+    problems = source.unseen(cfg.data.heldout_n, *ts)
+    if not problems:
+        return None
+    after = eng.evaluate(problems)["accuracy"]
+    if "unseen_accuracy" not in before:  # the starting policy's figure, kept from the first run
+        return {"after": after, "n": len(problems), "distinct_prompts": len({p.prompt for p in problems})}
+    return {"before": before["unseen_accuracy"], "after": after, "n": len(problems),
+            "distinct_prompts": len({p.prompt for p in problems})}
 
 
 def evaluate_policy(recipe: str, policy: str | Path, *, seed: int | None = None, n: int | None = None,

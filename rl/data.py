@@ -99,6 +99,16 @@ class ArithSource:
             self._heldout = self._make(self.heldout_n, 0, heldout=True)
         return self._heldout
 
+    def unseen(self, n: int, train_problems: int, train_seed: int) -> list[Problem]:
+        """Held-out problems whose prompts the warm start never trained on either (arith's
+        own held-out definition: `exclude` = the warm start's training problems). In small
+        problem spaces they are few distinct prompts, repeated."""
+        arith = self._arith()
+        tasks = [t for t in self.tasks if t in ARITH_TASKS]
+        seen = arith.make_problems(train_problems, train_seed, tasks=tasks, **self.difficulty)
+        rows = arith.heldout_problems(n, tasks=tasks, exclude=seen, **self.difficulty)
+        return [Problem(r["prompt"], str(r["answer"]), r["data_source"], "arithmetic") for r in rows]
+
     def fresh(self, n: int, seed: int) -> list[Problem]:
         """Problems from a generator seed of the caller's choice (for `eval --seed`)."""
         return self._make(n, seed, heldout=False)

@@ -36,6 +36,18 @@ def warm_start_overrides(cfg) -> dict[str, Any]:
     return ov
 
 
+def warm_start_training_set(recipe: str, overrides: dict[str, Any]) -> tuple[int, int] | None:
+    """(n_train, seed) of a warm start's training problems, read from its train recipe."""
+    import tomllib
+
+    from ..recipes import find_recipe
+
+    data = tomllib.loads(find_recipe("train", recipe).read_text())
+    n = overrides.get("arith.n_train", data.get("arith", {}).get("n_train"))
+    seed = overrides.get("seed", data.get("seed", 0))
+    return (int(n), int(seed)) if n is not None else None
+
+
 def warm_start_key(recipe: str, overrides: dict[str, Any]) -> str:
     """Content hash of the train recipe file and the overrides grpo_math applies."""
     from ..recipes import find_recipe
