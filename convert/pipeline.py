@@ -233,7 +233,7 @@ def _parity(prof, m, art, info, samples, ref, o) -> dict:
     res = {"passed": passed, "reasons": reasons, "outputs": outputs,
            "tolerances": parity.tolerances(prof, o.atol, o.rtol, o.min_cosine), "runtime": prof.runtime}
     first = outputs[names[0]]
-    res.update({k: first[k] for k in ("max_abs", "rmse", "cosine", "snr_db") if k in first})
+    res.update({k: first[k] for k in ("max_abs", "rmse", "cosine", "cosine_mean", "snr_db") if k in first})
     if "top1" in first:
         res["top1"] = first["top1"]
     if kernel:

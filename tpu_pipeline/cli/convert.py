@@ -59,13 +59,15 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
 
 
 def _print_table(report: dict) -> None:
-    click.echo(f"{'target':<8} {'status':<6} {'quantization':<13} {'bytes':>9} {'cosine':>10} {'max_abs':>9} {'top1':>5} {'ms':>7} {'torch ms':>8}")
+    click.echo(f"{'target':<8} {'status':<6} {'quantization':<13} {'bytes':>9} {'cos(min)':>10} {'cos(mean)':>10} "
+               f"{'max_abs':>9} {'top1':>5} {'ms':>7} {'torch ms':>8}")
     for name, t in report["targets"].items():
         p = t.get("parity") or {}
         lat = t.get("latency_ms") or {}
         top1 = f"{p['top1']:.2f}" if "top1" in p else "-"
         click.echo(f"{name:<8} {'ok' if t['passed'] else 'FAIL':<6} {t['quantization']:<13} {t['size_bytes'] or 0:>9} "
-                   f"{p.get('cosine', float('nan')):>10.6f} {p.get('max_abs', float('nan')):>9.3g} {top1:>5} "
+                   f"{p.get('cosine', float('nan')):>10.6f} {p.get('cosine_mean', float('nan')):>10.6f} "
+                   f"{p.get('max_abs', float('nan')):>9.3g} {top1:>5} "
                    f"{lat.get('artifact') or float('nan'):>7.3f} {lat.get('torch_eager') or float('nan'):>8.3f}")
     for w in report.get("warnings", []):
         click.echo(w, err=True)
