@@ -127,3 +127,20 @@ def test_cli_run_killed_by_sigkill_resumes_to_the_same_losses(tmp_path):
     res = subprocess.run([*exe, "train", *args, "--out", str(ref)], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     assert losses(out) == losses(ref)
+
+
+def test_cli_resume_of_a_corrupt_checkpoint_is_one_line_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from tpu_pipeline.cli import cli
+
+    out = tmp_path / "c"
+    args = ["train", "--recipe", "digits_cnn", "--out", str(out), "--steps", "4", "--set", "loop.batch_size=16"]
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    (out / "checkpoints/latest.json").write_text("{not json")
+    before = _snapshot(out)
+    res = CliRunner().invoke(cli, [*args, "--resume"])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: --resume:") and "is corrupt" in lines[0], res.output
+    assert _snapshot(out) == before

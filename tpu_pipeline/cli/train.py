@@ -35,6 +35,8 @@ def command(recipe, out, device, steps, compile_, pallas, kernels, resume, seed,
 
     result = run(recipe, out, device=device, steps=steps, compile=compile_, pallas=pallas, kernels=kernels,
                  resume=resume, seed=seed, nproc=nproc, overrides=overrides)
+    if not result:  # a non-main process under torchrun: rank 0 reports
+        return
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
