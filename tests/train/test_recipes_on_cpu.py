@@ -96,3 +96,11 @@ def test_metrics_writer_progress_bar_and_resume_truncation(tmp_path):
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     MetricsWriter(tmp_path, total_steps=4, start_step=0, progress=False).close()
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_cli_set_takes_toml_literals():
+    from tpu_pipeline.cli.train import _toml_value
+
+    assert _toml_value('["chain_sum"]') == ["chain_sum"]
+    assert _toml_value("3e-4") == 3e-4 and _toml_value("true") is True
+    assert _toml_value("abc") == "abc"

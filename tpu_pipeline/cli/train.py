@@ -9,8 +9,18 @@ def _override(ctx, param, values):
         key, sep, val = v.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"expected KEY=VALUE, got {v!r}")
-        out[key] = val
+        out[key] = _toml_value(val)
     return out
+
+
+def _toml_value(text: str):
+    """A TOML literal (lists, numbers, booleans, quoted strings), else the raw string."""
+    import tomllib
+
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 @click.command()
@@ -26,7 +36,7 @@ def _override(ctx, param, values):
 @click.option("--seed", type=int, default=None, help="Run seed (overrides the recipe's seed).")
 @click.option("--nproc", type=int, default=1, show_default=True, help="Data-parallel processes (torchrun + DDP).")
 @click.option("--set", "overrides", multiple=True, callback=_override, metavar="KEY=VALUE",
-              help="Override a recipe field, e.g. --set optim.lr=3e-4 (repeatable).")
+              help="Override a recipe field, e.g. --set optim.lr=3e-4 or --set 'arith.tasks=[\"chain_sum\"]' (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the held-out figures as JSON.")
 def command(recipe, out, device, steps, compile_, pallas, kernels, resume, seed, nproc, overrides, as_json):
     """Train a model from a recipe; writes model.pt, eval.json, metrics.jsonl and checkpoints."""
