@@ -53,9 +53,11 @@ def browser_unavailable() -> str | None:
     return None
 
 
-def run_litertjs(model: bytes | str | Path, samples: list[list[np.ndarray]], *, timeout: float = 120.0) -> list[list[np.ndarray]]:
-    """Runs each sample (a list of input arrays in the model's input order) in
-    headless Chromium and returns the outputs in the model's output order."""
+def run_litertjs(model: bytes | str | Path, samples: list[list[np.ndarray]], *, input_names: list[str] | None = None,
+                 output_names: list[str] | None = None, timeout: float = 120.0) -> list[list[np.ndarray]]:
+    """Runs each sample in headless Chromium. Inputs are given, and outputs
+    returned, in the order of `input_names`/`output_names` (the signature's
+    keys) when given, else in the model's tensor order."""
     reason = browser_unavailable()
     if reason:
         raise ConversionError(f"browser runtime unavailable: {reason}")
@@ -66,20 +68,27 @@ def run_litertjs(model: bytes | str | Path, samples: list[list[np.ndarray]], *, 
         shutil.copy(WEB_DIR / "index.html", site / "index.html")
         os.symlink(litertjs_dir(), site / "node_modules")
         (site / "model.tflite").write_bytes(model_bytes)
-        job = {"model": "model.tflite", "samples": [[_encode(a) for a in sample] for sample in samples]}
+        names = input_names or [None] * len(samples[0])
+        job = {"model": "model.tflite", "samples": [[_encode(a, n) for a, n in zip(sample, names)] for sample in samples]}
         (site / "job.json").write_text(json.dumps(job))
         result = _serve_and_wait(site, Path(tmp) / "profile", timeout)
     if not result.get("ok"):
         raise ConversionError(f"LiteRT.js failed in the browser: {result.get('error', 'no result').splitlines()[0]}")
-    return [[_decode(t) for t in row] for row in result["samples"]]
+    rows = [{t["name"]: _decode(t) for t in row} for row in result["samples"]]
+    if output_names:
+        missing = set(output_names) - set(rows[0])
+        if missing:
+            raise ConversionError(f"LiteRT.js returned outputs {sorted(rows[0])}, not {sorted(missing)}")
+        return [[row[n] for n in output_names] for row in rows]
+    return [list(row.values()) for row in rows]
 
 
-def _encode(a: np.ndarray) -> dict:
+def _encode(a: np.ndarray, name: str | None = None) -> dict:
     a = np.ascontiguousarray(a)
     dtype = str(a.dtype)
     if dtype not in DTYPES:
         raise ConversionError(f"LiteRT.js tensors are float32, int32 or uint8; this input is {dtype}")
-    return {"dtype": dtype, "shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode()}
+    return {"name": name, "dtype": dtype, "shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode()}
 
 
 def _decode(t: dict) -> np.ndarray:

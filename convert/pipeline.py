@@ -26,11 +26,15 @@ from tpu_pipeline import files
 from tpu_pipeline.errors import ConversionError, ParityError, PipelineError, UserError
 
 from . import checks, parity
+from .browser import browser_unavailable, run_litertjs
 from .export import export_float
+from .firmware import measure_arena, suggested_arena, write_c_array
+from .lm_pipeline import convert_lm, is_causal_lm_folder
 from .loaders import LoadedModel, flatten_outputs, load_model
 from .quantize import quantize
 from .report import render_html
-from .runtimes import LitertRunner, run_micro
+from .runtimes import LitertRunner, from_artifact, run_micro, to_artifact
+from .snippets import write_snippet
 from .targets import TargetProfile, load_profiles, resolve_targets
 from .tflite_info import ModelInfo, inspect_model
 
@@ -59,6 +63,9 @@ class ConvertOptions:
     seed: int = 0
     latency: bool = True
     profile_dir: str | Path | None = None
+    prompts: str | Path | None = None    # LMs: text file, one parity prompt per line (default: random tokens)
+    lm_max_len: int | None = None        # LMs: KV-cache length (default: min(max_position_embeddings, 256))
+    lm_prefill_len: int | None = None    # LMs: tokens per prefill call (default: min(32, max_len))
 
 
 def convert(model_path: str | Path, options: ConvertOptions | None = None, progress: Progress | None = None) -> dict:
@@ -75,6 +82,13 @@ def convert(model_path: str | Path, options: ConvertOptions | None = None, progr
     out = Path(o.out) if o.out else Path("dist") / (model_path.stem if model_path.is_file() else model_path.name)
     torch.manual_seed(o.seed)
     rng = np.random.default_rng(o.seed)
+    if is_causal_lm_folder(model_path):
+        explicit = [p.name for p in profiles if not p.causal_lm] if o.targets.strip() != "all" else []
+        if explicit:
+            raise UserError(f"target {explicit[0]} does not take a causal LM (its profile has causal_lm = false)")
+        report, _ = convert_lm(model_path, o, profiles, out, say)
+        _raise_for(report)
+        return report
 
     say("load: reading " + str(model_path))
     m = load_model(model_path, input_shapes=list(o.input_shapes), model_class=o.model_class,
@@ -110,6 +124,7 @@ def convert(model_path: str | Path, options: ConvertOptions | None = None, progr
 
         torch_ms = _torch_latency(m) if o.latency else None
         results, variants = {}, {}
+        by_name = {p.name: p for p in profiles}
         for prof in profiles:
             results[prof.name] = _target(prof, m, float_model, calib, samples, ref, o, torch_ms, variants, say)
         report = {
@@ -130,7 +145,14 @@ def convert(model_path: str | Path, options: ConvertOptions | None = None, progr
                 (sub / "model.tflite").write_bytes(art)
                 r["artifact"] = str((out / name / ("" if r["passed"] else "failed") / "model.tflite"))
                 r["sha256"] = files.sha256_file(sub / "model.tflite")
-                files.atomic_write_json(sub / "model.json", _model_json(name, r, m, info, notes))
+                if r["passed"]:
+                    _app_files(by_name[name], art, r, sub, say)
+                model_json = _model_json(name, r, m, info, notes)
+                snippet = write_snippet(by_name[name].app_snippet, model_json, sub, out.name) if r["passed"] else None
+                if snippet:
+                    r["app_snippet"] = model_json["app_snippet"] = str(out / name / snippet.name)
+                model_json["firmware"] = r.get("firmware")
+                files.atomic_write_json(sub / "model.json", model_json)
             report["targets"][name] = r
         report["wall_s"] = time.perf_counter() - t0
         report["passed"] = all(r["passed"] for r in report["targets"].values())
@@ -168,6 +190,10 @@ def _target(prof: TargetProfile, m: LoadedModel, float_model: bytes, calib, samp
         with clock("parity"):
             r["parity"] = _parity(prof, m, art, info, samples, ref, o)
         r["passed"] = r["parity"]["passed"]
+        skipped = (r["parity"].get("browser") or {}).get("skipped")
+        if skipped:
+            r["runtime"] = "ai-edge-litert XNNPACK only (LiteRT.js browser run skipped)"
+            r["warnings"].append(f"browser parity skipped: {skipped}")
         if not r["passed"]:
             r["failure"] = "parity"
             r["errors"] += r["parity"]["reasons"]
@@ -232,6 +258,11 @@ def _parity(prof, m, art, info, samples, ref, o) -> dict:
     passed, reasons = parity.judge(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
     res = {"passed": passed, "reasons": reasons, "outputs": outputs,
            "tolerances": parity.tolerances(prof, o.atol, o.rtol, o.min_cosine), "runtime": prof.runtime}
+    if prof.browser_parity:
+        res["browser"] = browser = _browser_parity(prof, art, info, samples, ref, names, classifier, o)
+        if browser.get("passed") is False:
+            res["passed"] = False
+            res["reasons"] += [f"in the browser (LiteRT.js): {x}" for x in browser["reasons"]]
     first = outputs[names[0]]
     res.update({k: first[k] for k in ("max_abs", "rmse", "cosine", "cosine_mean", "snr_db") if k in first})
     if "top1" in first:
@@ -245,6 +276,39 @@ def _parity(prof, m, art, info, samples, ref, o) -> dict:
             res["diagnosis"] = ("XNNPACK kernel noise: the reference kernels pass" if ok_ref else
                                 "conversion error: the reference kernels fail too")
     return res
+
+
+def _app_files(prof: TargetProfile, art: bytes, r: dict, sub: Path, say: Progress) -> None:
+    """Firmware files next to a passed artifact (iot): C array + the arena TFLM needed."""
+    if not prof.firmware:
+        return
+    say(f"{prof.name}: model_data.cc/.h and the TFLM arena")
+    try:
+        used = measure_arena(art, max_arena=prof.max_arena_bytes or 64 * 1024 * 1024)
+    except ConversionError as e:
+        r["warnings"].append(f"no firmware files: {e}")
+        return
+    paths = write_c_array(art, sub, arena_used=used, sha256=r["sha256"])
+    r["firmware"] = {"files": [p.name for p in paths], "arena_used_bytes": used,
+                     "tensor_arena_size": suggested_arena(used), "measured_on": "tflite-micro interpreter"}
+
+
+def _browser_parity(prof, art: bytes, info: ModelInfo, samples, ref, names, classifier, o) -> dict:
+    """The web target's parity in a real browser (LiteRT.js in headless Chromium)."""
+    reason = browser_unavailable()
+    if reason:
+        return {"skipped": reason}
+    feed = [[to_artifact(x, t) for x, t in zip(s, info.inputs)] for s in samples]
+    got = run_litertjs(art, feed, input_names=[t.key for t in info.inputs], output_names=[t.key for t in info.outputs])
+    got = [[from_artifact(y, t) for y, t in zip(row, info.outputs)] for row in got]
+    outputs = {name: parity.compare([s[k] for s in ref], [g[k] for g in got], classifier=classifier,
+                                    atol=o.atol if o.atol is not None else prof.atol,
+                                    rtol=o.rtol if o.rtol is not None else prof.rtol)
+               for k, name in enumerate(names)}
+    passed, reasons = parity.judge(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
+    first = outputs[names[0]]
+    return {"runtime": "LiteRT.js (@litertjs/core, wasm) in headless Chromium", "passed": passed, "reasons": reasons,
+            "outputs": outputs, **{k: first[k] for k in ("max_abs", "rmse", "cosine", "top1") if k in first}}
 
 
 def _raise_for(report: dict) -> None:

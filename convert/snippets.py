@@ -10,7 +10,7 @@ import string
 from pathlib import Path
 
 TEMPLATES = Path(__file__).parent / "snippets"
-SNIPPET_FILES = {"android": ("android.kt.tmpl", "ModelRunner.kt"), "ios": ("ios.swift.tmpl", "ModelRunner.swift")}
+SNIPPET_FILES = {"kotlin": ("android.kt.tmpl", "ModelRunner.kt"), "swift": ("ios.swift.tmpl", "ModelRunner.swift")}
 # dtype -> (Kotlin array, TensorBuffer write, read) and (Swift element type)
 KOTLIN = {"float32": ("FloatArray", "writeFloat", "readFloat"), "int32": ("IntArray", "writeInt", "readInt"),
           "int8": ("ByteArray", "writeInt8", "readInt8")}
@@ -29,12 +29,12 @@ def _doc(prefix: str, kind: str, t: dict) -> str:
     return f"    {prefix} {kind} {t['name']!r}: shape {list(t['shape'])}, {t['dtype']}{quant}"
 
 
-def render(target: str, model_json: dict, model_name: str) -> str:
-    tmpl_name, _ = SNIPPET_FILES[target]
+def render(language: str, model_json: dict, model_name: str) -> str:
+    tmpl_name, _ = SNIPPET_FILES[language]
     ins, outs = model_json["inputs"], model_json["outputs"]
     names = [_ident(t["name"], i) for i, t in enumerate(ins)]
     docs = [_doc("//", "input", t) for t in ins] + [_doc("//", "output", t) for t in outs]
-    if target == "android":
+    if language == "kotlin":
         params = ", ".join(f"{n}: {KOTLIN[t['dtype']][0]}" for n, t in zip(names, ins))
         writes = "\n".join(f"        require({n}.size == {math.prod(t['shape'])})\n"
                            f"        inputs[{i}].{KOTLIN[t['dtype']][1]}({n})"
@@ -55,14 +55,15 @@ def render(target: str, model_json: dict, model_name: str) -> str:
         ret = "out0" if len(outs) == 1 else f"({', '.join(f'out{j}' for j in range(len(outs)))})"
         reads = "\n".join(lines + [f"        return {ret}"])
     text = string.Template((TEMPLATES / tmpl_name).read_text())
-    return text.substitute(model=model_name, target=target, quantization=model_json["quantization"],
+    return text.substitute(model=model_name, target=model_json.get("target", ""), quantization=model_json["quantization"],
                            class_name="ModelRunner", input_docs="\n".join(docs), params=params,
                            return_type=return_type, writes=writes, reads=reads)
 
 
-def write_snippet(target: str, model_json: dict, out_dir: str | Path, model_name: str) -> Path | None:
-    if target not in SNIPPET_FILES:
+def write_snippet(language: str, model_json: dict, out_dir: str | Path, model_name: str) -> Path | None:
+    """language: a target profile's `app_snippet` ("" writes nothing)."""
+    if not language:
         return None
-    path = Path(out_dir) / SNIPPET_FILES[target][1]
-    path.write_text(render(target, model_json, model_name))
+    path = Path(out_dir) / SNIPPET_FILES[language][1]
+    path.write_text(render(language, model_json, model_name))
     return path

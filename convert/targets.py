@@ -41,6 +41,12 @@ class TargetProfile:
     min_cosine: float
     min_top1: float
     check_abs: bool
+    causal_lm: bool = True                  # decode-ready LMs (prefill/decode + KV cache) are built for this target
+    min_generation_agreement: float = 1.0   # LMs: share of parity prompts whose greedy tokens must match PyTorch
+    lm_precision: Literal["", "float32", "float16", "dynamic_int8"] = ""  # LMs: precision if not `precision`
+    browser_parity: bool = False            # also run parity in headless Chromium with LiteRT.js
+    firmware: bool = False                  # write model_data.cc/.h and the measured TFLM arena
+    app_snippet: Literal["", "kotlin", "swift"] = ""  # loader snippet written next to the artifact
     name: str = ""  # filled from the file name
 
 

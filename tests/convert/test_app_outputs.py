@@ -64,7 +64,7 @@ def test_c_array_compiles_and_holds_the_exact_bytes(int8_model, tmp_path):
 
 
 MODEL_JSON = {
-    "quantization": "float16",
+    "target": "android", "quantization": "float16",
     "inputs": [{"name": "input_ids", "shape": [1, 12], "dtype": "int32", "quantization": None},
                {"name": "pixel values", "shape": [1, 3, 4, 4], "dtype": "float32", "quantization": None}],
     "outputs": [{"name": "logits", "shape": [1, 12, 40], "dtype": "float32", "quantization": None}],
@@ -72,7 +72,7 @@ MODEL_JSON = {
 
 
 def test_android_snippet_uses_real_names_shapes_and_dtypes(tmp_path):
-    path = write_snippet("android", MODEL_JSON, tmp_path, "policy")
+    path = write_snippet("kotlin", MODEL_JSON, tmp_path, "policy")
     text = path.read_text()
     assert path.name == "ModelRunner.kt"
     assert "fun run(inputIds: IntArray, pixelValues: FloatArray): FloatArray" in text
@@ -80,13 +80,14 @@ def test_android_snippet_uses_real_names_shapes_and_dtypes(tmp_path):
     assert "inputs[0].writeInt(inputIds)" in text and "inputs[1].writeFloat(pixelValues)" in text
     assert "// output 'logits': shape [1, 12, 40], float32" in text
     assert "CompiledModel.create(" in text and "${" not in text
+    assert "for policy: android target, float16" in text
 
 
 def test_ios_snippet_and_int8_quantization_note(tmp_path):
     mj = {**MODEL_JSON, "quantization": "static_int8",
           "inputs": [{"name": "x", "shape": [1, 8], "dtype": "int8", "quantization": {"scale": 0.5, "zero_point": -3}}],
           "outputs": [{"name": "y", "shape": [1, 2], "dtype": "int8", "quantization": {"scale": 0.25, "zero_point": 1}}]}
-    text = render("ios", mj, "tiny")
+    text = render("swift", mj, "tiny")
     assert "func run(_ x: [Int8]) throws -> [Int8]" in text
     assert "scale 0.5, zero point -3" in text and "precondition(x.count == 8)" in text
-    assert write_snippet("web", mj, tmp_path, "tiny") is None
+    assert write_snippet("", mj, tmp_path, "tiny") is None

@@ -28,15 +28,23 @@ from . import EXIT_CODES_HELP
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--no-latency", is_flag=True, help="Skip the latency measurement.")
 @click.option("--profile-dir", type=click.Path(), default=None, help="Folder of target profile TOML files to use instead.")
+@click.option("--prompts", type=click.Path(), default=None,
+              help="LMs: text file with one parity prompt per line [default: random token sequences].")
+@click.option("--max-len", "lm_max_len", type=click.IntRange(2, 8192), default=None,
+              help="LMs: KV-cache length of the artifact [default: min(max_position_embeddings, 256)].")
+@click.option("--prefill-len", "lm_prefill_len", type=click.IntRange(1, 8192), default=None,
+              help="LMs: tokens per prefill call [default: min(32, max-len)].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_pickle, calib, eval_data, samples,
-            atol, rtol, min_cosine, seed, no_latency, profile_dir, as_json):
+            atol, rtol, min_cosine, seed, no_latency, profile_dir, prompts, lm_max_len, lm_prefill_len, as_json):
     """Convert MODEL to LiteRT artifacts for each target and check each on its runtime.
 
     MODEL: a torch.export archive (.pt2), a tpu-pipeline model.pt, a state_dict
     (with --model-class), a pickled nn.Module (with --trust-pickle) or a Hugging
-    Face causal-LM folder. Writes DIR/<target>/model.tflite + model.json,
-    DIR/report.json and DIR/report.html.
+    Face causal-LM folder (with tokenizer.json: a decode-ready artifact with
+    prefill/decode signatures and the tokenizer, checked by greedy generations).
+    Writes DIR/<target>/model.tflite + model.json, DIR/report.json and
+    DIR/report.html.
     """
     from ..errors import PipelineError
     from ..convert import ConvertOptions, convert
@@ -44,7 +52,8 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
     opts = ConvertOptions(targets=targets, out=out, input_shapes=tuple(input_shapes), model_class=model_class,
                           model_kwargs=model_kwargs, trust_pickle=trust_pickle, calib=calib, eval_data=eval_data,
                           samples=samples, atol=atol, rtol=rtol, min_cosine=min_cosine, seed=seed,
-                          latency=not no_latency, profile_dir=profile_dir)
+                          latency=not no_latency, profile_dir=profile_dir, prompts=prompts, lm_max_len=lm_max_len,
+                          lm_prefill_len=lm_prefill_len)
     progress = (lambda msg: click.echo(f"  {msg}", err=True))
     try:
         report = convert(model, opts, progress=progress)
