@@ -30,10 +30,15 @@ install: $(STAMP) browser
 
 demo: install
 	$(BIN)/tpu-pipeline doctor
+	# train a small CNN on sklearn's digits and convert its model.pt for all five targets
+	$(BIN)/tpu-pipeline train --recipe digits_cnn --out runs/demo/digits_cnn
+	$(BIN)/tpu-pipeline convert runs/demo/digits_cnn/model.pt --out dist/demo/digits_cnn
 	# rl: grpo_math with a 2-minute RL budget (the warm start is trained once and cached), then its policy converted
 	rm -rf runs/demo/grpo_math
 	$(BIN)/tpu-pipeline rl --recipe grpo_math --out runs/demo/grpo_math --time-budget 120
 	$(BIN)/tpu-pipeline convert runs/demo/grpo_math/policy --out dist/demo/grpo_math
+	# the GRPO policy answers through its LiteRT artifact, without PyTorch
+	$(BIN)/tpu-pipeline generate dist/demo/grpo_math/desktop --prompt "3+4-2=" --max-new-tokens 8
 
 test: install
 	$(BIN)/pytest -q
