@@ -37,7 +37,7 @@ from .data import Problem, _seed
 from .evaluate import decode, encode_prompts, evaluate
 from .metrics import MetricsLog
 from .rewards import GuardedReward
-from .rollout import generate, token_logprobs
+from .rollout import generate, grouped_token_logprobs, token_logprobs
 
 
 # Without a KL loss, the KL to the warm start is only logged: every KL_EVERY steps
@@ -138,9 +138,20 @@ class Engine:
         # ones (detached), as in VeRL, and the extra forward pass is skipped.
         on_policy = cfg.trainer.ppo_epochs == 1 and cfg.trainer.minibatches == 1
         want_ref = self.ref_model is not None and (alg.use_kl_loss or self.step % KL_EVERY == 0)
+        # Whole groups in one update: each shared prompt runs through the model once
+        # (grouped_token_logprobs; same values, prompt compute divided by n). The fused
+        # log-prob kernel path and shuffled minibatches use the per-row path.
+        n, P = cfg.rollout.n, input_ids.shape[1] - width
+        prompts, pmask, responses = input_ids[:, :P], attn[:, :P], input_ids[:, P:]
+        grouped = (on_policy and len(input_ids) % n == 0 and _plain_logprobs(kernels, self.device)
+                   and bool((prompts.view(-1, n, P) == prompts[::n, None, :]).all()))
         with torch.no_grad():
             old = None if on_policy else token_logprobs(self.model, input_ids, attn, width, temp, kernels)
-            ref = token_logprobs(self.ref_model, input_ids, attn, width, temp, kernels) if want_ref else None
+            ref = None
+            if want_ref and grouped:
+                ref = grouped_token_logprobs(self.ref_model, prompts, pmask, responses, mask, n, temp)
+            elif want_ref:
+                ref = token_logprobs(self.ref_model, input_ids, attn, width, temp, kernels)
         lr = self.lr_at(self.step)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -153,7 +164,10 @@ class Engine:
             order = torch.randperm(B, generator=gen) if cfg.trainer.minibatches > 1 else torch.arange(B)
             for s in range(0, B, mb):
                 idx = order[s:s + mb].to(self.device)
-                logp = token_logprobs(self.model, input_ids[idx], attn[idx], width, temp, kernels)
+                if grouped:
+                    logp = grouped_token_logprobs(self.model, prompts, pmask, responses, mask, n, temp)
+                else:
+                    logp = token_logprobs(self.model, input_ids[idx], attn[idx], width, temp, kernels)
                 if on_policy:
                     old = logp.detach()
                 loss, m = algo.policy_loss(old_log_prob=old[idx], log_prob=logp, advantages=adv[idx],
@@ -215,6 +229,11 @@ class Engine:
         st = checkpoint.load(path, self.model, self.optimizer)
         self.step, self.elapsed = int(st["step"]), float(st["elapsed"])
         self.nan_streak, self.totals = int(st["nan_streak"]), dict(st["totals"])
+
+
+def _plain_logprobs(kernels: str, device) -> bool:
+    """True where token_logprobs would use plain torch (no fused kernel)."""
+    return kernels == "torch" or (kernels == "auto" and getattr(device, "type", str(device)) == "cpu")
 
 
 def set_threads(n: int) -> None:

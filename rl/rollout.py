@@ -119,3 +119,33 @@ def _linear_token_logprobs(kernels: str):
             raise UserError("--kernels pallas: tpu_pipeline.kernels.linear_token_logprobs is not available") from None
         return None
     return linear_token_logprobs
+
+
+def grouped_token_logprobs(model, prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
+                           response_mask: torch.Tensor, n: int, temperature: float) -> torch.Tensor:
+    """`token_logprobs` for rows in groups of `n` that share a prompt (GRPO's layout),
+    computing each prompt's forward pass once: its KV cache and last logits are
+    repeated to the group's rows (gradients from every row sum back into the one
+    prompt pass), then only the response tokens run through the model.
+
+    Same values as `token_logprobs` on the concatenated rows (tests check it), with
+    the prompt positions' compute divided by n.
+    """
+    B, P = prompts.shape
+    R = responses.shape[1]
+    up, um = prompts[::n], prompt_mask[::n]
+    pos = positions(um)
+    out = model(input_ids=up, attention_mask=um, position_ids=pos, use_cache=True)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(n)
+    first = out.logits[:, -1:, :].repeat_interleave(n, 0)
+    mask = torch.cat([prompt_mask, response_mask], dim=1)
+    rpos = positions(mask)[:, P:P + R - 1]
+    if R > 1:
+        rest = model(input_ids=responses[:, :-1], attention_mask=mask[:, :P + R - 1], position_ids=rpos,
+                     past_key_values=cache, use_cache=True).logits
+        logits = torch.cat([first, rest], dim=1)
+    else:
+        logits = first
+    logits = logits.float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)

@@ -69,3 +69,22 @@ def test_kernel_logprobs_match_torch(tiny_policy):
     a = token_logprobs(model, r.input_ids, r.attention_mask, 4, 1.0, kernels="torch")
     b = token_logprobs(model, r.input_ids, r.attention_mask, 4, 1.0, kernels="auto")
     assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_grouped_logprobs_equal_per_row_values_and_gradients(tiny_policy):
+    from tpu_pipeline.rl.rollout import grouped_token_logprobs
+
+    model, tok = _policy(tiny_policy)
+    prompts = [tok("1+2=")["input_ids"], tok("3+4-5=")["input_ids"], tok("9-9=")["input_ids"]]
+    r = generate(model, prompts, n=4, max_new_tokens=6, temperature=1.0, eos_id=tok.eos_token_id,
+                 pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(1))
+    R = r.responses.shape[1]
+    mask = r.response_mask.bool()
+    a = token_logprobs(model, r.input_ids, r.attention_mask, R, 0.9, kernels="torch")
+    b = grouped_token_logprobs(model, r.prompts, r.prompt_mask, r.responses, r.response_mask, 4, 0.9)
+    assert torch.allclose(a[mask], b[mask], atol=1e-5)
+    params = list(model.parameters())
+    ga = torch.autograd.grad((a * mask).sum(), params)
+    gb = torch.autograd.grad((b * mask).sum(), params)
+    for x, y in zip(ga, gb):
+        assert torch.allclose(x, y, atol=1e-4, rtol=1e-4)
