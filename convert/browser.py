@@ -58,22 +58,9 @@ def run_litertjs(model: bytes | str | Path, samples: list[list[np.ndarray]], *, 
     """Runs each sample in headless Chromium. Inputs are given, and outputs
     returned, in the order of `input_names`/`output_names` (the signature's
     keys) when given, else in the model's tensor order."""
-    reason = browser_unavailable()
-    if reason:
-        raise ConversionError(f"browser runtime unavailable: {reason}")
-    model_bytes = Path(model).read_bytes() if isinstance(model, (str, Path)) else model
-    with tempfile.TemporaryDirectory(prefix="tpp-web-") as tmp:
-        site = Path(tmp) / "site"
-        site.mkdir()
-        shutil.copy(WEB_DIR / "index.html", site / "index.html")
-        os.symlink(litertjs_dir(), site / "node_modules")
-        (site / "model.tflite").write_bytes(model_bytes)
-        names = input_names or [None] * len(samples[0])
-        job = {"model": "model.tflite", "samples": [[_encode(a, n) for a, n in zip(sample, names)] for sample in samples]}
-        (site / "job.json").write_text(json.dumps(job))
-        result = _serve_and_wait(site, Path(tmp) / "profile", timeout)
-    if not result.get("ok"):
-        raise ConversionError(f"LiteRT.js failed in the browser: {result.get('error', 'no result').splitlines()[0]}")
+    names = input_names or [None] * len(samples[0])
+    job = {"samples": [[_encode(a, n) for a, n in zip(sample, names)] for sample in samples]}
+    result = _run_job(model, job, timeout)
     rows = [{t["name"]: _decode(t) for t in row} for row in result["samples"]]
     if output_names:
         missing = set(output_names) - set(rows[0])
@@ -81,6 +68,15 @@ def run_litertjs(model: bytes | str | Path, samples: list[list[np.ndarray]], *, 
             raise ConversionError(f"LiteRT.js returned outputs {sorted(rows[0])}, not {sorted(missing)}")
         return [[row[n] for n in output_names] for row in rows]
     return [list(row.values()) for row in rows]
+
+
+def generate_litertjs(model: bytes | str | Path, lm_meta: dict, prompts: list[list[int]], max_new_tokens: int,
+                      *, timeout: float = 300.0) -> list[list[int]]:
+    """Greedy generations of a decode-ready LM (lm.json's `lm_meta`) in headless Chromium."""
+    job = {"lm": {k: lm_meta[k] for k in ("cache_shape", "prefill_len", "vocab_size", "eos_token_ids", "max_len")},
+           "prompts": prompts, "max_new_tokens": max_new_tokens}
+    result = _run_job(model, job, timeout)
+    return result["generations"]
 
 
 def _encode(a: np.ndarray, name: str | None = None) -> dict:
@@ -93,6 +89,24 @@ def _encode(a: np.ndarray, name: str | None = None) -> dict:
 
 def _decode(t: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(t["data"]), dtype=DTYPES[t["dtype"]]).reshape(t["shape"]).copy()
+
+
+def _run_job(model: bytes | str | Path, job: dict, timeout: float) -> dict:
+    reason = browser_unavailable()
+    if reason:
+        raise ConversionError(f"browser runtime unavailable: {reason}")
+    model_bytes = Path(model).read_bytes() if isinstance(model, (str, Path)) else model
+    with tempfile.TemporaryDirectory(prefix="tpp-web-") as tmp:
+        site = Path(tmp) / "site"
+        site.mkdir()
+        shutil.copy(WEB_DIR / "index.html", site / "index.html")
+        os.symlink(litertjs_dir(), site / "node_modules")
+        (site / "model.tflite").write_bytes(model_bytes)
+        (site / "job.json").write_text(json.dumps({"model": "model.tflite", **job}))
+        result = _serve_and_wait(site, Path(tmp) / "profile", timeout)
+    if not result.get("ok"):
+        raise ConversionError(f"LiteRT.js failed in the browser: {result.get('error', 'no result').splitlines()[0]}")
+    return result
 
 
 def _serve_and_wait(site: Path, profile: Path, timeout: float) -> dict:

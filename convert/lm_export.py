@@ -152,11 +152,12 @@ def greedy_reference(hf_model: nn.Module, prompt_ids: list[int], max_new_tokens:
 def generation_parity(hf_model: nn.Module, runtime, prompts: list[list[int]], max_new_tokens: int) -> dict:
     """Token-for-token agreement of greedy generations, plus each prompt's
     last prefill logits from both sides (`ref_logits`, `got_logits`) for the
-    usual elementwise metrics."""
+    usual elementwise metrics and PyTorch's generations (`ref_ids`)."""
     agree, first = 0, None
-    ref_logits, got_logits = [], []
+    ref_logits, got_logits, ref_ids = [], [], []
     for i, prompt in enumerate(prompts):
         ref = greedy_reference(hf_model, prompt, max_new_tokens, runtime.eos_ids, runtime.max_len)
+        ref_ids.append(ref)
         got = runtime.generate_ids(prompt, max_new_tokens)
         if ref == got:
             agree += 1
@@ -167,7 +168,8 @@ def generation_parity(hf_model: nn.Module, runtime, prompts: list[list[int]], ma
             ref_logits.append(hf_model(torch.tensor([prompt])).logits[0, -1:].numpy())
         got_logits.append(runtime.last_prefill_logits(prompt)[None])
     return {"prompts": len(prompts), "generation_agreement": agree / max(1, len(prompts)),
-            "first_generation_divergence": first, "ref_logits": ref_logits, "got_logits": got_logits}
+            "first_generation_divergence": first, "ref_logits": ref_logits, "got_logits": got_logits,
+            "ref_ids": ref_ids}
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

@@ -20,6 +20,7 @@ from tpu_pipeline import files
 from tpu_pipeline.errors import ConversionError, UserError
 
 from . import parity
+from .browser import browser_unavailable, generate_litertjs
 from .export import quiet_native
 from .lm_export import TOKENIZER_FILES, load_hf_causal_lm, write_decode_ready
 from .lm_runtime import META_FILE, LiteRTLanguageModel
@@ -94,6 +95,23 @@ def convert_lm(model_path: Path, o, profiles, out: Path, say) -> tuple[dict, lis
     return report, [n for n, t in report["targets"].items() if not t["passed"]]
 
 
+def _browser_generations(prof, artifact_dir: Path, prompts, ref_ids, r: dict, say) -> dict:
+    """The web target's greedy generations in headless Chromium (LiteRT.js)."""
+    import json
+
+    reason = browser_unavailable()
+    if reason:
+        r["warnings"].append(f"browser parity skipped: {reason}")
+        return {"skipped": reason}
+    say(f"{prof.name}: greedy generations in headless Chromium (LiteRT.js)")
+    meta = json.loads((artifact_dir / META_FILE).read_text())
+    got = generate_litertjs(artifact_dir / "model.tflite", meta, prompts, MAX_NEW_TOKENS)
+    agree = sum(g == ref for g, ref in zip(got, ref_ids))
+    r["runtime"] += "; LiteRT.js (wasm) in headless Chromium"
+    return {"runtime": "LiteRT.js (@litertjs/core, wasm) in headless Chromium", "prompts": len(prompts),
+            "generation_agreement": agree / max(1, len(prompts))}
+
+
 def _lm_target(prof, model, float_model: bytes, work: Path, stage: Path, out: Path, prompts, variants, say) -> dict:
     precision = prof.lm_precision or prof.precision
     r = {"target": prof.name, "quantization": precision, "passed": False, "errors": [], "warnings": [],
@@ -124,8 +142,14 @@ def _lm_target(prof, model, float_model: bytes, work: Path, stage: Path, out: Pa
     from .lm_export import generation_parity
 
     gen = generation_parity(model, LiteRTLanguageModel(sub, num_threads=1), prompts, MAX_NEW_TOKENS)
+    ref_ids = gen.pop("ref_ids")
     logits = parity.compare(gen.pop("ref_logits"), gen.pop("got_logits"), classifier=True, atol=prof.atol, rtol=prof.rtol)
     ok_logits, reasons = parity.judge({"logits": logits}, prof)
+    browser = _browser_generations(prof, sub, prompts, ref_ids, r, say) if prof.browser_parity else None
+    if browser and browser["generation_agreement"] < prof.min_generation_agreement:
+        ok_logits = False
+        reasons.append(f"in the browser (LiteRT.js): greedy generations agree on "
+                       f"{browser['generation_agreement']:.0%} of prompts")
     ok_gen = gen["generation_agreement"] >= prof.min_generation_agreement
     if not ok_gen:
         d = gen["first_generation_divergence"]
@@ -133,6 +157,7 @@ def _lm_target(prof, model, float_model: bytes, work: Path, stage: Path, out: Pa
                           f"(need {prof.min_generation_agreement:.0%}); first divergence: prompt {d['prompt']}, "
                           f"token {d['token_index']} (torch {d['torch']}, litert {d['litert']})")
     r["parity"] = {"passed": ok_gen and ok_logits, "reasons": reasons, "runtime": "ai-edge-litert",
+                   **({"browser": browser} if browser else {}),
                    **gen, "max_new_tokens": MAX_NEW_TOKENS, "outputs": {"logits": logits},
                    **{k: logits[k] for k in ("max_abs", "rmse", "cosine", "snr_db", "top1") if k in logits}}
     r["passed"] = r["parity"]["passed"]

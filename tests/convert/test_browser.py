@@ -47,3 +47,32 @@ def test_browser_rejects_int8_inputs(tiny_artifact):
 
     with pytest.raises(ConversionError, match="float32, int32 or uint8"):
         run_litertjs(tiny_artifact[1], [[np.zeros((1, 1, 8, 8), np.int8)]])
+
+
+def test_browser_generates_like_the_python_client(tmp_path):
+    """A decode-ready LM's greedy loop (prefill + decode signatures) in LiteRT.js."""
+    import json
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tpu_pipeline.convert.browser import generate_litertjs
+    from tpu_pipeline.convert.lm_export import write_decode_ready
+    from tpu_pipeline.convert.lm_runtime import LiteRTLanguageModel
+    from tpu_pipeline.train.arith import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                         max_position_embeddings=24, eos_token_id=tok.eos_token_id))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    meta = write_decode_ready(tmp_path / "hf", tmp_path / "lm", max_len=24, prefill_len=4)
+    lm = LiteRTLanguageModel(tmp_path / "lm")
+    prompts = [lm.encode("3+4-2="), lm.encode("9-8="), list(range(4, 14))]
+    got = generate_litertjs(tmp_path / "lm" / "model.tflite", json.loads((tmp_path / "lm" / "lm.json").read_text()),
+                            prompts, 8)
+    assert got == [lm.generate_ids(p, 8) for p in prompts]
+    assert meta["prefill_len"] == 4 and all(len(g) >= 1 for g in got)

@@ -140,6 +140,13 @@ def test_convert_hf_lm_folder_all_targets_then_generate(tmp_path):
         d = tmp_path / "dist" / name
         assert {"model.tflite", "lm.json", "tokenizer.json", "model.json"} <= {p.name for p in d.iterdir()}
     assert report["targets"]["web"]["quantization"] == "float16"  # web.toml's lm_precision
+    from tpu_pipeline.convert.browser import browser_unavailable
+
+    browser = report["targets"]["web"]["parity"]["browser"]
+    if browser_unavailable() is None:  # the same greedy tokens from LiteRT.js in headless Chromium
+        assert browser["generation_agreement"] == 1.0 and browser["prompts"] == 3
+    else:
+        assert "skipped" in browser
     assert report["targets"]["web"]["size_bytes"] < report["targets"]["desktop"]["size_bytes"]
     prompt = tok("3+4-2=").input_ids
     want = LiteRTLanguageModel(tmp_path / "dist" / "desktop").generate_ids(prompt, 6)
