@@ -118,7 +118,7 @@ def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool,
     from .policy import save_policy
     from .rewards import GuardedReward, load_reward
 
-    set_threads(cfg.trainer.threads)
+    threads = set_threads(cfg.trainer.threads)
     platform = select_device(cfg.trainer.device)
     ckpt = checkpoint.latest(out) if resume else None
     if resume and ckpt is None:
@@ -170,7 +170,7 @@ def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool,
         "gain_points": round(100 * (after["accuracy"] - before["accuracy"]), 2),
         "steps": eng.step, "rl_seconds": round(eng.elapsed, 2),
         "warm_start": ws_info, "wall_seconds": round(time.time() - t_wall, 2),
-        "totals": eng.totals, "recipe": cfg.name, "device": str(platform.device),
+        "totals": eng.totals, "recipe": cfg.name, "device": str(platform.device), "threads": threads,
     }
     write_eval(out, evals)
     try:

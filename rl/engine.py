@@ -236,9 +236,20 @@ def _plain_logprobs(kernels: str, device) -> bool:
     return kernels == "torch" or (kernels == "auto" and getattr(device, "type", str(device)) == "cpu")
 
 
-def set_threads(n: int) -> None:
-    if n > 0:
-        torch.set_num_threads(n)
+def set_threads(n: int) -> int:
+    """torch CPU threads for the run (the warm start trains in this process too).
+
+    0 = auto: torch's default (one per core) on an idle machine, one thread when
+    other work already loads the cores. On the shared 2-core box, two OpenMP
+    threads competing with other processes ran the warm start 5-10x slower than
+    one thread (they spin-wait for each other).
+    """
+    if n <= 0:
+        cores = os.cpu_count() or 1
+        busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        n = 1 if busy > max(cores - 1, 0.5) else torch.get_num_threads()
+    torch.set_num_threads(n)
+    return n
 
 
 def make_reference(model):
