@@ -170,5 +170,5 @@ def test_poison_catches_an_unwritten_block():
     spec = pl.BlockSpec((8, 4), lambda i: (i, 0))
     out_shape = [__import__("jax").ShapeDtypeStruct((16, 4), jnp.float32)]
     kw = dict(grid=(2,), in_specs=[spec], out_specs=[spec], out_shape=out_shape, interpret=True, name="t")
-    (poisoned,) = call(first_block_only, poison=True, **kw)(jnp.ones((16, 4)))
+    (poisoned,) = call(first_block_only, poison=True, **kw)(jnp.ones((16, 4), jnp.float32))  # dtype explicit: another library may have turned on jax x64 globally
     assert bool(jnp.isnan(poisoned[8:]).all()) and bool((poisoned[:8] == 1).all())
