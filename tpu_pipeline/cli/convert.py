@@ -68,6 +68,9 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
 
 
 def _print_table(report: dict) -> None:
+    if report.get("task") == "causal-lm" and "lm" in report:
+        _print_lm_table(report)
+        return
     click.echo(f"{'target':<8} {'status':<6} {'quantization':<13} {'bytes':>9} {'cos(min)':>10} {'cos(mean)':>10} "
                f"{'max_abs':>9} {'top1':>5} {'ms':>7} {'torch ms':>8}")
     for name, t in report["targets"].items():
@@ -81,3 +84,19 @@ def _print_table(report: dict) -> None:
     for w in report.get("warnings", []):
         click.echo(w, err=True)
     click.echo(f"wrote {report['out']}/ (report.html, report.json)")
+
+
+def _print_lm_table(report: dict) -> None:
+    click.echo(f"{'target':<8} {'status':<6} {'quantization':<13} {'bytes':>9} {'greedy agree':>12} {'browser':>8} "
+               f"{'cos(min)':>10} {'max_abs':>9}")
+    for name, t in report["targets"].items():
+        p = t.get("parity") or {}
+        b = p.get("browser") or {}
+        browser = f"{b['generation_agreement']:.2f}" if "generation_agreement" in b else ("skipped" if b else "-")
+        agree = f"{p['generation_agreement']:.2f}" if "generation_agreement" in p else "-"
+        click.echo(f"{name:<8} {'ok' if t['passed'] else 'FAIL':<6} {t['quantization']:<13} {t['size_bytes'] or 0:>9} "
+                   f"{agree:>12} {browser:>8} {p.get('cosine', float('nan')):>10.6f} {p.get('max_abs', float('nan')):>9.3g}")
+    for name, why in report.get("skipped_targets", {}).items():
+        click.echo(f"{name:<8} skipped: {why}")
+    click.echo(f"wrote {report['out']}/ (report.html, report.json); run it: tpu-pipeline generate {report['out']}/desktop "
+               "--prompt TEXT")
