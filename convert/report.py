@@ -56,6 +56,11 @@ def render_html(report: dict) -> str:
         figs = "<br>".join(
             f"{e(o)}: max_abs {m['max_abs']:.3g}, rmse {m['rmse']:.3g}, cos {m['cosine']:.6f} (worst) / {m.get('cosine_mean', m['cosine']):.6f} (mean), SNR {m['snr_db']:.1f} dB"
             + (f", top-1 {m['top1']:.3f}" if "top1" in m else "") for o, m in outs.items())
+        if "generation_agreement" in p:  # decode-ready LMs
+            b = p.get("browser") or {}
+            figs = (f"greedy generations identical to PyTorch on {p['generation_agreement']:.0%} of {p['prompts']} prompts"
+                    + (f"; in the browser {b['generation_agreement']:.0%}" if "generation_agreement" in b else "")
+                    + "<br>prefill " + figs)
         lat = t.get("latency_ms") or {}
         lat_s = (f"{lat['artifact']:.3f} ms vs torch {lat['torch_eager']:.3f} ms" if lat.get("artifact") is not None else "-")
         problems = "<br>".join(e(x) for x in t.get("errors", []) + t.get("warnings", []))
@@ -68,7 +73,8 @@ def render_html(report: dict) -> str:
                     f"<td>{lat_s}</td><td>{problems}</td></tr>")
     img = _plot(report)
     plot = f"<h2>Parity error per target and output</h2><div>{img}</div>" if img else "<p>(no parity figures)</p>"
-    notes = "".join(f"<li>{e(n)}</li>" for n in report.get("notes", []) + report.get("warnings", []))
+    skipped = [f"{n}: skipped ({why})" for n, why in report.get("skipped_targets", {}).items()]
+    notes = "".join(f"<li>{e(n)}</li>" for n in report.get("notes", []) + report.get("warnings", []) + skipped)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>convert: {e(report['model'])}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;font-size:13px}}
