@@ -45,3 +45,14 @@ class Touch:
 
     def __reduce__(self):
         return (open, (self.target, "w"))
+
+
+def tiny_cnn_tflite(path: Path, channels: int = 4, classes: int = 5) -> tuple[torch.nn.Module, Path]:
+    """A conv + linear classifier on 1x8x8 inputs, exported to a float .tflite at `path`."""
+    import litert_torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, channels, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(channels * 6 * 6, classes)).eval()
+    litert_torch.convert(model, (torch.randn(1, 1, 8, 8),)).export(str(path))
+    return model, path

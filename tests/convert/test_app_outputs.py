@@ -8,26 +8,22 @@ import subprocess
 
 import numpy as np
 import pytest
-import torch
 
 from tpu_pipeline.convert.firmware import measure_arena, suggested_arena, write_c_array
 from tpu_pipeline.convert.snippets import render, write_snippet
 from tpu_pipeline.errors import ConversionError
 from tpu_pipeline.files import sha256_file
 
+from .helpers import tiny_cnn_tflite
+
 
 @pytest.fixture(scope="module")
 def int8_model(tmp_path_factory):
-    import litert_torch
     from ai_edge_litert.interpreter import Interpreter
 
     from tpu_pipeline.convert.quantize import quantize
 
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                            torch.nn.Linear(8 * 6 * 6, 10)).eval()
-    path = tmp_path_factory.mktemp("iot") / "float.tflite"
-    litert_torch.convert(m, (torch.randn(1, 1, 8, 8),)).export(str(path))
+    _, path = tiny_cnn_tflite(tmp_path_factory.mktemp("iot") / "float.tflite", channels=8, classes=10)
     float_model = path.read_bytes()
     (name,) = Interpreter(model_content=float_model).get_signature_runner().get_input_details()
     rng = np.random.default_rng(0)

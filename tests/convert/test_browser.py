@@ -8,19 +8,14 @@ import torch
 
 from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs
 
+from .helpers import tiny_cnn_tflite
+
 pytestmark = pytest.mark.skipif(browser_unavailable() is not None, reason=f"browser runtime: {browser_unavailable()}")
 
 
 @pytest.fixture(scope="module")
 def tiny_artifact(tmp_path_factory):
-    import litert_torch
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                                torch.nn.Linear(4 * 6 * 6, 5)).eval()
-    path = tmp_path_factory.mktemp("web") / "model.tflite"
-    litert_torch.convert(model, (torch.randn(1, 1, 8, 8),)).export(str(path))
-    return model, path
+    return tiny_cnn_tflite(tmp_path_factory.mktemp("web") / "model.tflite")
 
 
 def test_browser_outputs_match_torch_and_litert(tiny_artifact):
