@@ -98,3 +98,13 @@ def test_rl_cli_steps_json(tmp_path, tiny_policy):
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
     assert json.loads(r.output[r.output.index("{"):])["steps"] == 1
+
+
+def test_run_on_a_verl_parquet_file(tmp_path, tiny_policy):
+    from tpu_pipeline.rl.data import Problem, write_parquet
+
+    probs = [Problem([{"role": "user", "content": f"{i % 10}+{i // 10}="}], str(i % 10 + i // 10), "openai/gsm8k")
+             for i in range(40)]
+    data = write_parquet(probs, tmp_path / "train.parquet", "train")
+    res = _run(tmp_path / "p", tiny_policy, steps=2, data=str(data), overrides={"data.heldout_n": 4})
+    assert res["steps"] == 2 and res["before"]["n"] == 4
