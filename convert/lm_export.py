@@ -201,7 +201,6 @@ def eos_token_ids(hf_model: nn.Module) -> list[int]:
 def write_decode_ready(hf_dir: str | Path, out_dir: str | Path, *, max_len: int | None = None,
                        prefill_len: int | None = None) -> dict:
     """hf_dir -> out_dir/{model.tflite, lm.json, tokenizer files}; returns lm.json's content."""
-    import json
     import shutil
 
     from ..files import atomic_write_json
@@ -228,5 +227,4 @@ def write_decode_ready(hf_dir: str | Path, out_dir: str | Path, *, max_len: int 
         "model_type": model.config.model_type, "source": str(hf_dir),
     }
     atomic_write_json(out_dir / "lm.json", meta)
-    json.dumps(meta)  # fail here, not in a client, if something is not JSON-able
     return meta

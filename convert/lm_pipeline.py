@@ -22,7 +22,7 @@ from tpu_pipeline.errors import ConversionError, UserError
 from . import parity
 from .browser import browser_unavailable, generate_litertjs
 from .export import quiet_native
-from .lm_export import TOKENIZER_FILES, load_hf_causal_lm, write_decode_ready
+from .lm_export import TOKENIZER_FILES, generation_parity, load_hf_causal_lm, write_decode_ready
 from .lm_runtime import META_FILE, LiteRTLanguageModel
 from .quantize import quantize
 from .report import render_html
@@ -139,8 +139,6 @@ def _lm_target(prof, model, float_model: bytes, work: Path, stage: Path, out: Pa
     shutil.copytree(work / "float", sub)
     (sub / "model.tflite").write_bytes(art)
     say(f"{prof.name}: greedy generations on {len(prompts)} prompts vs PyTorch")
-    from .lm_export import generation_parity
-
     gen = generation_parity(model, LiteRTLanguageModel(sub, num_threads=1), prompts, MAX_NEW_TOKENS)
     ref_ids = gen.pop("ref_ids")
     logits = parity.compare(gen.pop("ref_logits"), gen.pop("got_logits"), classifier=True, atol=prof.atol, rtol=prof.rtol)

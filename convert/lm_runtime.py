@@ -38,6 +38,9 @@ class LiteRTLanguageModel:
         if not meta_path.is_file():
             raise UserError(f"{d} holds no decode-ready LM ({META_FILE} missing): convert a Hugging Face "
                             "causal-LM folder with `tpu-pipeline convert` first")
+        for name in ("model.tflite", "tokenizer.json"):
+            if not (d / name).is_file():
+                raise UserError(f"{d}: {name} missing; the artifact folder is incomplete (convert it again)")
         self.meta = json.loads(meta_path.read_text())
         self.tokenizer = Tokenizer.from_file(str(d / "tokenizer.json"))
         self._interp = Interpreter(model_path=str(d / "model.tflite"), num_threads=num_threads)

@@ -8,6 +8,7 @@ exactly the single-process mean.
 
 from __future__ import annotations
 
+import abc
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,8 @@ from .config import Recipe
 TASKS: Registry[type["Task"]] = Registry("train task")
 
 
-class Task:
-    """Base class; subclasses register with `@TASKS.register(name)`."""
+class Task(abc.ABC):
+    """Base class; subclasses register with `@TASKS.register(name)` and implement every abstract method."""
 
     def __init__(self, recipe: Recipe, recipe_name: str):
         self.recipe = recipe
@@ -28,30 +29,37 @@ class Task:
 
     num_train: int = 0
 
+    @abc.abstractmethod
     def build_model(self) -> torch.nn.Module:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def make_batch(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """Batch of the training samples `idx` (CPU tensors)."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def count(self, batch: dict[str, torch.Tensor]) -> int:
         """Units the loss is averaged over (samples or target tokens)."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def loss_sum(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def evaluate(self, model: torch.nn.Module, device: torch.device) -> dict[str, Any]:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def export(self, model: torch.nn.Module, out: Path, *, optimizer: torch.optim.Optimizer,
                metrics: dict[str, Any]) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def flops_per_sample(self, model: torch.nn.Module) -> float:
         """Training FLOPs (forward + backward) per sample, for throughput figures."""
-        raise NotImplementedError
+        ...
 
 
 def get_task(recipe: Recipe, recipe_name: str) -> Task:

@@ -93,6 +93,13 @@ def test_client_refuses_too_long_prompt_and_non_lm_dir(exported, tmp_path):
         lm.generate_ids(list(range(4, 44)), 3)
     with pytest.raises(UserError, match="lm.json missing"):
         LiteRTLanguageModel(tmp_path)
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    (broken / "tokenizer.json").unlink()
+    with pytest.raises(UserError, match="tokenizer.json missing"):
+        LiteRTLanguageModel(broken)
 
 
 def test_generate_cli_matches_library(exported, tmp_path):
