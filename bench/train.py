@@ -57,7 +57,7 @@ def setup_mode(mode: str, *, batch: int):
 
         use_kernels(model, "pallas")
     elif mode != "eager":
-        step_model = tp_compile(model, platform=p, pallas=(mode == "compiled+pallas"))
+        step_model = tp_compile(model, platform=p, inductor_pallas=(mode == "compiled+pallas"))
 
     def step(i: int) -> float:
         b = {k: v.to(p.device) for k, v in task.make_batch(sample_indices(0, i, task.num_train, batch)).items()}

@@ -2,7 +2,7 @@
 
 `select_device` picks TPU (through TorchTPU), else CUDA, else CPU, and
 returns a `Platform` that every stage reads instead of asking torch itself.
-`compile` is torch.compile with that platform's backend; `pallas=True` makes
+`compile` is torch.compile with that platform's backend; `inductor_pallas=True` makes
 Inductor emit Pallas kernels (its Pallas code generator) for the graph.
 
 torch is imported lazily so that `import tpu_pipeline` stays cheap and the
@@ -38,12 +38,12 @@ class Platform:
     name: str               # human-readable hardware name
     bf16: bool              # native bfloat16 math (autocast worth using)
     compile_backend: str    # torch.compile backend: "tpu" on TPU, "inductor" elsewhere
-    pallas: str             # how Pallas kernels run: "mosaic-tpu", "gpu" or "interpret"
+    kernel_lowering: str    # how our Pallas kernels run here: "mosaic-tpu", "gpu" or "interpret"
     reason: str             # why this device was chosen
 
     @property
-    def pallas_interpret(self) -> bool:
-        return self.pallas == "interpret"
+    def kernels_interpreted(self) -> bool:
+        return self.kernel_lowering == "interpret"
 
     def describe(self) -> dict:
         d = dataclasses.asdict(self)
@@ -185,15 +185,16 @@ def eager_mode(mode: str, platform: Platform) -> Iterator[None]:
 _PALLAS_CONFIG_KEY = {"cpu": "cpu_backend", "cuda": "cuda_backend", "tpu": "tpu_backend"}
 
 
-def compile(fn: Callable, *, platform: Platform | None = None, pallas: bool = False, **kwargs) -> Callable:
+def compile(fn: Callable, *, platform: Platform | None = None, inductor_pallas: bool = False,
+            **kwargs) -> Callable:
     """torch.compile with the platform's backend.
 
-    pallas=True: Inductor generates Pallas kernels for the graph (on CPU they
-    run in JAX's interpret mode: a correctness path, not a fast one).
+    inductor_pallas=True: Inductor's own Pallas code generator writes the graph's
+    kernels (on CPU they run in JAX's interpret mode: a correctness path, not a fast one).
     """
     torch = _torch()
     platform = platform or select_device("auto")
-    if not pallas:
+    if not inductor_pallas:
         return torch.compile(fn, backend=platform.compile_backend, **kwargs)
     options = dict(kwargs.pop("options", None) or {})
     options[_PALLAS_CONFIG_KEY[platform.kind]] = "pallas"

@@ -46,13 +46,13 @@ def diagnose(device: str = "auto") -> dict:
         },
         "gpu": {"cuda_available": torch.cuda.is_available(), "count": torch.cuda.device_count()},
         "pallas": {
-            "mode": "interpret" if plat.pallas_interpret else "native",
-            "runs_as": plat.pallas,
+            "mode": "interpret" if plat.kernels_interpreted else "native",
+            "runs_as": plat.kernel_lowering,
             "jax_backend": jax_backend,
         },
         "problems": problems,
     }
-    pallas = "Pallas in interpret mode" if plat.pallas_interpret else f"Pallas native ({plat.pallas})"
+    pallas = "Pallas in interpret mode" if plat.kernels_interpreted else f"Pallas native ({plat.kernel_lowering})"
     report["verdict"] = (
         f"problems: {'; '.join(problems)}" if problems
         else f"ok: {plat.kind} ({plat.name}), torch.compile backend {plat.compile_backend}, {pallas}"

@@ -13,6 +13,7 @@ EXIT_FAILURE = 1        # unexpected error (a bug): rerun with --debug
 EXIT_BAD_INPUT = 2      # bad arguments, files or config; also "not built yet"
 EXIT_CONVERSION = 3     # conversion or target compatibility failed
 EXIT_PARITY = 4         # an artifact converted but did not match PyTorch
+EXIT_DIVERGED = 5       # training or RL produced NaN/inf: the run, not the input, went wrong
 
 
 class PipelineError(Exception):
@@ -37,3 +38,13 @@ class ConversionError(PipelineError):
 
 class ParityError(PipelineError):
     exit_code = EXIT_PARITY
+
+
+class DivergedError(PipelineError):
+    """A run whose loss or gradients became NaN/inf.
+
+    Not bad input: the same command may work with a lower learning rate or
+    another seed. The last good checkpoint is kept.
+    """
+
+    exit_code = EXIT_DIVERGED

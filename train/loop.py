@@ -83,7 +83,7 @@ def train(task: Task, recipe: Recipe, *, platform, device, out: Path, config: di
     if use_compile or pallas:
         from ..device import compile as compile_fn
 
-        step_model = compile_fn(step_model, platform=platform, pallas=pallas)
+        step_model = compile_fn(step_model, platform=platform, inductor_pallas=pallas)
 
     writer = MetricsWriter(out, total_steps=L.steps, start_step=start, enabled=dist.main,
                            progress=progress, description=task.recipe_name)

@@ -64,7 +64,7 @@ def test_cpu_platform():
     p = select_device("cpu")
     assert p.kind == "cpu" and p.device == torch.device("cpu")
     assert p.compile_backend == "inductor"
-    assert p.pallas == "interpret" and p.pallas_interpret
+    assert p.kernel_lowering == "interpret" and p.kernels_interpreted
     assert p.count == 1
 
 
@@ -95,7 +95,7 @@ def test_fake_tpu_selected_on_tpu_hardware(fake_torch_tpu):
         import sys
         from tpu_pipeline import select_device
         p = select_device("auto")
-        assert (p.kind, p.count, p.compile_backend, p.pallas, p.bf16) == ("tpu", 4, "tpu", "mosaic-tpu", True), p
+        assert (p.kind, p.count, p.compile_backend, p.kernel_lowering, p.bf16) == ("tpu", 4, "tpu", "mosaic-tpu", True), p
         assert p.device.type == "tpu"
         assert "torch_tpu" in sys.modules
         assert select_device("tpu").kind == "tpu"
@@ -160,7 +160,7 @@ def test_compile_with_pallas_emits_pallas_kernels_and_matches_eager():
 
     torch._dynamo.reset()
     x, y = torch.randn(8, 33), torch.randn(8, 33)
-    compiled = compile(_f, platform=select_device("cpu"), pallas=True)
+    compiled = compile(_f, platform=select_device("cpu"), inductor_pallas=True)
     out, codes = run_and_get_code(compiled, x, y)
     torch.testing.assert_close(out, _f(x, y), rtol=1e-5, atol=1e-5)
     code = "\n".join(codes)

@@ -19,7 +19,8 @@ from ..errors import EXIT_FAILURE, PipelineError
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 unexpected error (rerun with --debug); 2 bad input or "
-    "not built yet; 3 conversion/compatibility failure; 4 parity failure."
+    "not built yet; 3 conversion/compatibility failure; 4 parity failure; 5 training "
+    "diverged (NaN/inf loss)."
 )
 
 # command name -> (module under tpu_pipeline.cli, one-line help)
