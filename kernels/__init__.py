@@ -20,8 +20,9 @@ if __name__ != "tpu_pipeline.kernels":
     # tpu_pipeline.kernels (see pyproject's package-dir).
     raise ImportError("import tpu_pipeline.kernels, not a top-level 'kernels'")
 
-from ._api import IMPLS, flash_attention, linear_token_logprobs, rms_norm, token_logprobs  # noqa: E402
-from ._hf import sequence_logprobs, use_kernels  # noqa: E402
+from tpu_pipeline.kernels._api import (IMPLS, flash_attention, linear_token_logprobs, rms_norm,  # noqa: E402
+                                       token_logprobs)
+from tpu_pipeline.kernels._hf import sequence_logprobs, use_kernels  # noqa: E402
 
 __all__ = [
     "IMPLS",

@@ -7,8 +7,8 @@ import warnings
 
 import torch
 
-from ..errors import UserError
-from . import _reference as ref
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.kernels import _reference as ref
 
 IMPLS = ("auto", "pallas", "torch")
 
@@ -22,7 +22,7 @@ def _check_impl(impl: str) -> str:
 @functools.lru_cache(maxsize=None)
 def _jax_platforms() -> frozenset[str]:
     try:
-        import jax
+        import jax  # heavy: JAX loads only when a kernel runs, not with `import tpu_pipeline.kernels`
 
         return frozenset(d.platform for d in jax.devices())
     except Exception:  # no usable JAX backend: auto falls back to torch
@@ -54,7 +54,8 @@ def use_pallas(impl: str, device: torch.device) -> bool:
 
 
 def _bridge():
-    from . import _bridge as b
+    # heavy: the bridge imports JAX and the Pallas kernels; the torch references need neither.
+    from tpu_pipeline.kernels import _bridge as b
 
     return b
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ._common import (NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, feature_dim, kernel_jit, pad_axis, read_row_scalar,
+from tpu_pipeline.kernels._common import (NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, feature_dim, kernel_jit, pad_axis, read_row_scalar,
                       round_up, row_scalars_spec)
 
 
@@ -140,12 +140,11 @@ def kv_bucket(sk: int, block_k: int) -> int:
     return round_up(sk, block_k if sk > block_k else 8)
 
 
-_STATIC = ("causal", "scale", "block_q", "block_k", "interpret", "poison")
+_STATIC = ("causal", "scale", "block_q", "block_k", "interpret")
 
 
 @kernel_jit(static_argnames=_STATIC)
-def attention_fwd(q, k, v, bounds, *, causal: bool, scale: float, block_q: int, block_k: int, interpret: bool,
-                  poison: bool = False):
+def attention_fwd(q, k, v, bounds, *, causal: bool, scale: float, block_q: int, block_k: int, interpret: bool):
     """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] -> (o [B, Hq, Sq, D], lse [B, Hq, Sq] float32/64).
 
     bounds: int32 [B, 2], per batch row the first and one-past-last key in use: keys
@@ -165,14 +164,14 @@ def attention_fwd(q, k, v, bounds, *, causal: bool, scale: float, block_q: int, 
         out_specs=[qspec, pl.BlockSpec((None, None, bq), lambda bi, h, i: (bi, h, i))],
         out_shape=[jax.ShapeDtypeStruct((b, hq, sq_p, d), q.dtype),
                    jax.ShapeDtypeStruct((b, hq, sq_p), acc_dtype(q.dtype))],
-        interpret=interpret, poison=poison, name="flash_attention_fwd",
+        interpret=interpret, name="flash_attention_fwd",
     )(bounds, qp, kp, vp)
     return o[:, :, :sq, :d_real], lse[:, :, :sq]
 
 
 @kernel_jit(static_argnames=_STATIC)
 def attention_bwd(q, k, v, bounds, o, lse, do, *, causal: bool, scale: float, block_q: int, block_k: int,
-                  interpret: bool, poison: bool = False):
+                  interpret: bool):
     """-> (dq, dk, dv) shaped like q, k, v."""
     b, hq, hkv, sq, sk, d_real, bq, bk, sq_p, sk_p = _geometry(q, k, block_q, block_k)
     g = hq // hkv
@@ -191,7 +190,7 @@ def attention_bwd(q, k, v, bounds, o, lse, do, *, causal: bool, scale: float, bl
         functools.partial(_dq_kernel, nk=sk_p // bk, **common), grid=(b, hq, sq_p // bq),
         in_specs=[row_scalars_spec(2), qblk, kvfull, kvfull, qblk, rowblk, rowblk], out_specs=[qblk],
         out_shape=[jax.ShapeDtypeStruct((b, hq, sq_p, d), q.dtype)],
-        interpret=interpret, poison=poison, name="flash_attention_dq",
+        interpret=interpret, name="flash_attention_dq",
     )(bounds, qp, kp, vp, dop, lsep, deltap)
 
     qfull = pl.BlockSpec((None, None, sq_p, d), lambda bi, h, j: (bi, h, 0, 0))
@@ -202,7 +201,7 @@ def attention_bwd(q, k, v, bounds, o, lse, do, *, causal: bool, scale: float, bl
         functools.partial(_dkv_kernel, nq=sq_p // bq, **common), grid=(b, hq, sk_p // bk),
         in_specs=[row_scalars_spec(2), qfull, kvblk, kvblk, qfull, rowfull, rowfull], out_specs=[outblk, outblk],
         out_shape=[jax.ShapeDtypeStruct((b, hq, sk_p, d), acc)] * 2,
-        interpret=interpret, poison=poison, name="flash_attention_dkv",
+        interpret=interpret, name="flash_attention_dkv",
     )(bounds, qp, kp, vp, dop, lsep, deltap)
     # Per-query-head partials -> sum over the heads that share a key/value head.
     dk = dk[:, :, :sk, :d_real].reshape(b, hkv, g, sk, d_real).sum(axis=2).astype(k.dtype)

@@ -14,18 +14,16 @@ torch.tpu.pallas.jax_op (see _tpu.py).
 
 from __future__ import annotations
 
-import contextlib
 from typing import Sequence
 
+import jax
 import torch
 from torch import Tensor
 
-from . import _attention as A
-from . import _logprobs as L
-from . import _rmsnorm as R
-from . import _tpu
-
-_POISON = [False]
+from tpu_pipeline.kernels import _attention as A
+from tpu_pipeline.kernels import _logprobs as L
+from tpu_pipeline.kernels import _rmsnorm as R
+from tpu_pipeline.kernels import _tpu
 
 # Default block sizes per device kind: the TPU wants 128-row tiles; on GPU and in
 # interpret mode smaller blocks keep registers / interpreter steps in check.
@@ -34,17 +32,6 @@ _BLOCKS = {
     "cuda": dict(rows=64, q=64, k=64, lp_rows=32, vocab=1024),
     "cpu": dict(rows=64, q=64, k=64, lp_rows=32, vocab=1024),
 }
-
-
-@contextlib.contextmanager
-def poison_outputs():
-    """Kernels called inside fill their outputs with NaN before running (tests use it
-    to catch blocks a kernel never writes)."""
-    _POISON[0] = True
-    try:
-        yield
-    finally:
-        _POISON[0] = False
 
 
 def _blocks(t: Tensor) -> dict:
@@ -60,15 +47,13 @@ def _device_type(t: Tensor) -> str:
 
 
 def _run(fn, tensors: Sequence[Tensor], **static) -> tuple[Tensor, ...]:
-    import jax
-
     tensors = [t.detach().contiguous() for t in tensors]
     if _device_type(tensors[0]) == "tpu":
         return _tpu.run(fn, tensors, static)
     x64 = any(t.dtype == torch.float64 for t in tensors)
     with jax.enable_x64(x64):
         args = [jax.dlpack.from_dlpack(t) for t in tensors]
-        out = fn(*args, interpret=tensors[0].device.type == "cpu", poison=_POISON[0], **static)
+        out = fn(*args, interpret=tensors[0].device.type == "cpu", **static)
         out = out if isinstance(out, (tuple, list)) else (out,)
         return tuple(torch.from_dlpack(o) for o in out)
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 # Masked scores use a large finite negative, not -inf: exp(-inf - -inf) is NaN
 # when a whole block is masked.
@@ -50,30 +51,10 @@ def _prec(a):
     return lax.Precision.HIGHEST if a.dtype in (jnp.float32, jnp.float64) else None
 
 
-def call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, poison: bool, name: str):
-    """pl.pallas_call, optionally with every output pre-filled with NaN (or -1 for ints).
-
-    Poisoning aliases a NaN-filled input onto each output, so a block the kernel
-    never writes shows up as NaN in tests instead of as stale zeros.
-    """
-    outs = list(out_shape)
-    if not poison:
-        return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=list(out_specs),
-                              out_shape=outs, interpret=interpret, name=name)
-    n_in = len(in_specs)
-
-    def poisoned_kernel(*refs):
-        kernel(*refs[:n_in], *refs[n_in + len(outs):])
-
-    raw = pl.pallas_call(poisoned_kernel, grid=grid, in_specs=list(in_specs) + list(out_specs),
-                         out_specs=list(out_specs), out_shape=outs, interpret=interpret, name=name,
-                         input_output_aliases={n_in + i: i for i in range(len(outs))})
-
-    def run(*args):
-        fills = [jnp.full(o.shape, jnp.nan if jnp.issubdtype(o.dtype, jnp.floating) else -1, o.dtype) for o in outs]
-        return raw(*args, *fills)
-
-    return run
+def call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str):
+    """pl.pallas_call with list-valued specs and shapes (every kernel here has several outputs)."""
+    return pl.pallas_call(kernel, grid=grid, in_specs=list(in_specs), out_specs=list(out_specs),
+                          out_shape=list(out_shape), interpret=interpret, name=name)
 
 
 def kernel_jit(*, static_argnames):
@@ -106,8 +87,6 @@ def row_scalars_spec(n: int):
     """BlockSpec for an int32 [B, n] array of run-time scalars (lengths): each program
     of batch row b (grid axis 0) reads row b. On TPU scalars live in SMEM, whole."""
     if _tpu():
-        from jax.experimental.pallas import tpu as pltpu
-
         return pl.BlockSpec(memory_space=pltpu.SMEM)
     return pl.BlockSpec((None, n), lambda b, *_: (b, 0))
 

@@ -20,8 +20,8 @@ import types
 
 import torch
 
-from ..errors import UserError
-from ._api import _check_impl, flash_attention, linear_token_logprobs, rms_norm
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.kernels._api import _check_impl, flash_attention, linear_token_logprobs, rms_norm
 
 ATTN_NAME = "tpu_pipeline"
 _IMPL_ATTR = "_tpu_pipeline_kernels"
@@ -41,6 +41,7 @@ def _attention_forward(module, query, key, value, attention_mask, dropout: float
     if attention_mask is not None and attention_mask.dim() == 1:
         kv_start, attention_mask = attention_mask, None  # from _kernel_mask: left padding per row
     if attention_mask is not None or dropout > 0.0:
+        # heavy: transformers (seconds to import) loads only once a transformers model is routed here
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         if kv_start is not None:  # dropout: torch runs it, so the padding becomes a mask again
@@ -69,6 +70,7 @@ def _kernel_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
     attention function then falls back to torch). Without a registered builder
     transformers would pass no mask at all and silently ignore padding.
     """
+    # heavy: transformers, as above
     from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
 
     def fallback():
@@ -98,6 +100,7 @@ def _kernel_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
 
 
 def _register() -> None:
+    # heavy: transformers, as above; only a model being routed needs it
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, feature_dim, kernel_jit, pad_axis, round_up
+from tpu_pipeline.kernels._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, feature_dim, kernel_jit, pad_axis, round_up
 
 
 def _lse_step(carry, s, cols, lab):
@@ -79,11 +79,11 @@ def _vocab(v, block_vocab):
     return bv, round_up(v, bv)
 
 
-_STATIC = ("block_rows", "block_vocab", "interpret", "poison")
+_STATIC = ("block_rows", "block_vocab", "interpret")
 
 
 @kernel_jit(static_argnames=_STATIC)
-def token_logprobs_fwd(x, labels, *, block_rows: int, block_vocab: int, interpret: bool, poison: bool = False):
+def token_logprobs_fwd(x, labels, *, block_rows: int, block_vocab: int, interpret: bool):
     """x [N, V], labels [N] int32 -> (logprobs [N], lse [N]) in float32 (float64 for float64 x)."""
     n, v = x.shape
     acc = acc_dtype(x.dtype)
@@ -96,14 +96,13 @@ def token_logprobs_fwd(x, labels, *, block_rows: int, block_vocab: int, interpre
         functools.partial(_tl_fwd_kernel, bv=bv, v=v, nv=v_p // bv), grid=(n_p // br,),
         in_specs=[pl.BlockSpec((br, v_p), lambda i: (i, 0)), col], out_specs=[col, col],
         out_shape=[jax.ShapeDtypeStruct((n_p, 1), acc)] * 2,
-        interpret=interpret, poison=poison, name="token_logprobs_fwd",
+        interpret=interpret, name="token_logprobs_fwd",
     )(xp, lab)
     return lp[:n, 0], lse[:n, 0]
 
 
 @kernel_jit(static_argnames=_STATIC)
-def token_logprobs_bwd(x, labels, lse, g, *, block_rows: int, block_vocab: int, interpret: bool,
-                       poison: bool = False):
+def token_logprobs_bwd(x, labels, lse, g, *, block_rows: int, block_vocab: int, interpret: bool):
     """-> d x [N, V] in x.dtype."""
     n, v = x.shape
     br, n_p = _rows(n, block_rows)
@@ -115,7 +114,7 @@ def token_logprobs_bwd(x, labels, lse, g, *, block_rows: int, block_vocab: int, 
         functools.partial(_tl_bwd_kernel, bv=bv), grid=(n_p // br, v_p // bv),
         in_specs=[blk, col, col, col], out_specs=[blk],
         out_shape=[jax.ShapeDtypeStruct((n_p, v_p), x.dtype)],
-        interpret=interpret, poison=poison, name="token_logprobs_bwd",
+        interpret=interpret, name="token_logprobs_bwd",
     )(xp, pad_axis(labels.reshape(n, 1), 0, n_p, -1), pad_axis(lse.reshape(n, 1), 0, n_p),
       pad_axis(g.reshape(n, 1).astype(lse.dtype), 0, n_p))
     return dx[:n, :v]
@@ -172,8 +171,7 @@ def _ltl_dw_kernel(h_ref, w_ref, lab_ref, lse_ref, g_ref, dw_ref, *, br, v, nr):
 
 
 @kernel_jit(static_argnames=_STATIC)
-def linear_token_logprobs_fwd(h, w, labels, *, block_rows: int, block_vocab: int, interpret: bool,
-                              poison: bool = False):
+def linear_token_logprobs_fwd(h, w, labels, *, block_rows: int, block_vocab: int, interpret: bool):
     """h [N, H], w [V, H], labels [N] -> (logprobs [N], lse [N]) float32 (float64 for float64 h)."""
     n, d_real = h.shape
     d = feature_dim(d_real, interpret)
@@ -187,14 +185,13 @@ def linear_token_logprobs_fwd(h, w, labels, *, block_rows: int, block_vocab: int
         functools.partial(_ltl_fwd_kernel, bv=bv, v=v, nv=v_p // bv), grid=(n_p // br,),
         in_specs=[pl.BlockSpec((br, d), lambda i: (i, 0)), pl.BlockSpec((v_p, d), lambda i: (0, 0)), col],
         out_specs=[col, col], out_shape=[jax.ShapeDtypeStruct((n_p, 1), acc)] * 2,
-        interpret=interpret, poison=poison, name="linear_token_logprobs_fwd",
+        interpret=interpret, name="linear_token_logprobs_fwd",
     )(pad_axis(h, 0, n_p), pad_axis(w, 0, v_p), pad_axis(labels.reshape(n, 1), 0, n_p, -1))
     return lp[:n, 0], lse[:n, 0]
 
 
 @kernel_jit(static_argnames=_STATIC)
-def linear_token_logprobs_bwd(h, w, labels, lse, g, *, block_rows: int, block_vocab: int, interpret: bool,
-                              poison: bool = False):
+def linear_token_logprobs_bwd(h, w, labels, lse, g, *, block_rows: int, block_vocab: int, interpret: bool):
     """-> (d h [N, H] in h.dtype, d w [V, H] in w.dtype)."""
     n, d_real = h.shape
     d = feature_dim(d_real, interpret)
@@ -212,7 +209,7 @@ def linear_token_logprobs_bwd(h, w, labels, lse, g, *, block_rows: int, block_vo
         in_specs=[pl.BlockSpec((br, d), lambda i: (i, 0)), pl.BlockSpec((v_p, d), lambda i: (0, 0)), col, col, col],
         out_specs=[pl.BlockSpec((br, d), lambda i: (i, 0))],
         out_shape=[jax.ShapeDtypeStruct((n_p, d), h.dtype)],
-        interpret=interpret, poison=poison, name="linear_token_logprobs_dh",
+        interpret=interpret, name="linear_token_logprobs_dh",
     )(hp, wp, labp, lsep, gp)
 
     colfull = pl.BlockSpec((n_p, 1), lambda j: (0, 0))
@@ -222,6 +219,6 @@ def linear_token_logprobs_bwd(h, w, labels, lse, g, *, block_rows: int, block_vo
                   colfull, colfull, colfull],
         out_specs=[pl.BlockSpec((bv, d), lambda j: (j, 0))],
         out_shape=[jax.ShapeDtypeStruct((v_p, d), w.dtype)],
-        interpret=interpret, poison=poison, name="linear_token_logprobs_dw",
+        interpret=interpret, name="linear_token_logprobs_dw",
     )(hp, wp, labp, lsep, gp)
     return dh[:n, :d_real], dw[:v, :d_real]

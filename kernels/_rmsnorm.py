@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ._common import acc_dtype, call, feature_dim, kernel_jit, pad_axis, round_up
+from tpu_pipeline.kernels._common import acc_dtype, call, feature_dim, kernel_jit, pad_axis, round_up
 
 
 def _fwd_kernel(x_ref, w_ref, y_ref, rstd_ref, *, eps: float, d: int):
@@ -40,8 +40,8 @@ def _bwd_kernel(x_ref, w_ref, rstd_ref, dy_ref, dx_ref, dw_ref, *, d: int):
     dw_ref[...] = jnp.sum(dy * xhat, axis=0, keepdims=True).astype(dw_ref.dtype)
 
 
-@kernel_jit(static_argnames=("eps", "block_rows", "interpret", "poison"))
-def rms_norm_fwd(x, w, *, eps: float, block_rows: int, interpret: bool, poison: bool = False):
+@kernel_jit(static_argnames=("eps", "block_rows", "interpret"))
+def rms_norm_fwd(x, w, *, eps: float, block_rows: int, interpret: bool):
     """x [N, D], w [D] -> (y [N, D] in x.dtype, rstd [N, 1] float32/64)."""
     n, d = x.shape
     dp = feature_dim(d, interpret)
@@ -55,13 +55,13 @@ def rms_norm_fwd(x, w, *, eps: float, block_rows: int, interpret: bool, poison: 
         functools.partial(_fwd_kernel, eps=eps, d=d), grid=(n_p // br,),
         in_specs=[row, pl.BlockSpec((1, dp), lambda i: (0, 0))], out_specs=[row, col],
         out_shape=[jax.ShapeDtypeStruct((n_p, dp), x.dtype), jax.ShapeDtypeStruct((n_p, 1), acc)],
-        interpret=interpret, poison=poison, name="rms_norm_fwd",
+        interpret=interpret, name="rms_norm_fwd",
     )(xp, pad_axis(w.reshape(1, d), 1, dp))
     return y[:n, :d], rstd[:n]
 
 
-@kernel_jit(static_argnames=("block_rows", "interpret", "poison"))
-def rms_norm_bwd(x, w, rstd, dy, *, block_rows: int, interpret: bool, poison: bool = False):
+@kernel_jit(static_argnames=("block_rows", "interpret"))
+def rms_norm_bwd(x, w, rstd, dy, *, block_rows: int, interpret: bool):
     """-> (dx [N, D] in x.dtype, dw [D] in w.dtype)."""
     n, d = x.shape
     dp = feature_dim(d, interpret)
@@ -79,6 +79,6 @@ def rms_norm_bwd(x, w, rstd, dy, *, block_rows: int, interpret: bool, poison: bo
         in_specs=[row, pl.BlockSpec((1, dp), lambda i: (0, 0)), col, row],
         out_specs=[row, pl.BlockSpec((1, dp), lambda i: (i, 0))],
         out_shape=[jax.ShapeDtypeStruct((n_p, dp), x.dtype), jax.ShapeDtypeStruct((nb, dp), acc)],
-        interpret=interpret, poison=poison, name="rms_norm_bwd",
+        interpret=interpret, name="rms_norm_bwd",
     )(xp, pad_axis(w.reshape(1, d), 1, dp), rp, dyp)
     return dx[:n, :d], jnp.sum(dw_part, axis=0)[:d].astype(w.dtype)

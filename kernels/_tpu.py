@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import torch
 
-from ..errors import UserError
+from tpu_pipeline.errors import UserError
 
 
 def jax_op():
@@ -23,11 +24,9 @@ def jax_op():
 
 
 def run(fn, tensors, static: dict):
-    import jax
-
     # JAX compiles the kernel for the chip when it drives a TPU; where it has no
     # accelerator (the fake in tests) the same kernel runs interpreted.
     interpret = jax.default_backend() == "cpu"
-    bound = functools.partial(fn, interpret=interpret, poison=False, **static)
+    bound = functools.partial(fn, interpret=interpret, **static)
     out = jax_op()(bound)(*tensors)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)

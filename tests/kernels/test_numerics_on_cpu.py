@@ -14,16 +14,15 @@ import os
 import pytest
 import torch
 
-from tpu_pipeline.kernels import _bridge, _reference as ref
+from tpu_pipeline.kernels import _reference as ref
 from tpu_pipeline.kernels import flash_attention, linear_token_logprobs, rms_norm, token_logprobs
 
 BOUND = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
 @pytest.fixture(autouse=True)
-def _poisoned():
-    with _bridge.poison_outputs():
-        yield
+def _poisoned(poisoned_kernels):
+    yield
 
 
 @pytest.fixture
@@ -155,12 +154,11 @@ def test_gradcheck_tiny():
                                     (h.requires_grad_(), W.requires_grad_()))
 
 
-def test_poison_catches_an_unwritten_block():
+def test_poison_catches_an_unwritten_block(poisoning_call):
     """The poisoning the tests rely on: a kernel that skips a block leaves NaN there."""
+    import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
-
-    from tpu_pipeline.kernels._common import call
 
     def first_block_only(x_ref, o_ref):
         @pl.when(pl.program_id(0) == 0)
@@ -168,7 +166,15 @@ def test_poison_catches_an_unwritten_block():
             o_ref[...] = x_ref[...]
 
     spec = pl.BlockSpec((8, 4), lambda i: (i, 0))
-    out_shape = [__import__("jax").ShapeDtypeStruct((16, 4), jnp.float32)]
+    out_shape = [jax.ShapeDtypeStruct((16, 4), jnp.float32)]
     kw = dict(grid=(2,), in_specs=[spec], out_specs=[spec], out_shape=out_shape, interpret=True, name="t")
-    (poisoned,) = call(first_block_only, poison=True, **kw)(jnp.ones((16, 4), jnp.float32))  # dtype explicit: another library may have turned on jax x64 globally
+    # dtype explicit: another library may have turned on jax x64 globally
+    (poisoned,) = poisoning_call(first_block_only, **kw)(jnp.ones((16, 4), jnp.float32))
     assert bool(jnp.isnan(poisoned[8:]).all()) and bool((poisoned[:8] == 1).all())
+
+
+def test_every_kernel_module_runs_poisoned_here(poisoning_call):
+    """The autouse fixture reached the name each kernel module calls (not a stale copy)."""
+    from tpu_pipeline.kernels import _attention, _logprobs, _rmsnorm
+
+    assert all(mod.call is poisoning_call for mod in (_attention, _logprobs, _rmsnorm))
