@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 WEB := convert/web
 WEB_STAMP := $(WEB)/node_modules/.installed
 
-.PHONY: demo test install browser clean
+.PHONY: demo test lint install browser clean
 
 # Reinstall only when the dependency spec changed.
 $(STAMP): pyproject.toml constraints.txt
@@ -40,7 +40,11 @@ demo: install
 	# the GRPO policy answers through its LiteRT artifact, without PyTorch
 	$(BIN)/tpu-pipeline generate dist/demo/grpo_math/desktop --prompt "3+4-2=" --max-new-tokens 8
 
-test: install
+# Import layers (pyproject [tool.importlinter]); a violation fails `make test`.
+lint: $(STAMP)
+	$(BIN)/python .ci/lint_imports.py
+
+test: install lint
 	$(BIN)/pytest -q
 
 clean:

@@ -1,13 +1,13 @@
 """tpu-pipeline: train on TPU/GPU/CPU, improve with GRPO, ship as LiteRT."""
 
-from ._tpu_guard import guard as _guard
+from tpu_pipeline._tpu_guard import guard as _guard
 
 _guard()  # before anything below can import torch
 
 __version__ = "0.1.0"
 
-from .device import EAGER_MODES, Platform, available_devices, compile, eager_mode, select_device  # noqa: E402
-from .errors import ConversionError, NotBuiltError, ParityError, PipelineError, UserError  # noqa: E402
+from tpu_pipeline.device import EAGER_MODES, Platform, available_devices, compile, eager_mode, select_device  # noqa: E402
+from tpu_pipeline.errors import ConversionError, DivergedError, NotBuiltError, ParityError, PipelineError, UserError  # noqa: E402
 
 __all__ = [
     "EAGER_MODES",
@@ -17,6 +17,7 @@ __all__ = [
     "eager_mode",
     "select_device",
     "ConversionError",
+    "DivergedError",
     "NotBuiltError",
     "ParityError",
     "PipelineError",

@@ -1,3 +1,3 @@
-from .cli import main
+from tpu_pipeline.cli import main
 
 main()

@@ -15,10 +15,12 @@ import contextlib
 import dataclasses
 import importlib
 import importlib.util
+import os
+import platform as pyplatform
 from typing import Any, Callable, Iterator
 
-from ._tpu_guard import tpu_hardware_present
-from .errors import UserError
+from tpu_pipeline._tpu_guard import tpu_hardware_present
+from tpu_pipeline.errors import UserError
 
 DEVICE_KINDS = ("auto", "tpu", "cuda", "cpu")
 
@@ -52,7 +54,7 @@ class Platform:
 
 
 def _torch():
-    import torch
+    import torch  # deferred: the torch-tpu guard must run first, and doctor/--help stay fast
 
     return torch
 
@@ -143,9 +145,6 @@ def _cuda_platform(count: int, reason: str) -> Platform:
 
 
 def _cpu_platform(reason: str) -> Platform:
-    import os
-    import platform as pyplatform
-
     torch = _torch()
     # bf16 runs on CPU but is emulated on most of them; fp32 is the fast path.
     return Platform(

@@ -6,6 +6,9 @@ import importlib.metadata
 import platform as pyplatform
 import time
 
+from tpu_pipeline._tpu_guard import tpu_hardware_present
+from tpu_pipeline.device import select_device
+
 PACKAGES = ("torch", "jax", "jaxlib", "litert-torch", "ai-edge-litert", "ai-edge-quantizer",
             "verl", "transformers", "tflite-micro", "torch-tpu")
 REQUIRED = ("torch", "jax", "jaxlib", "litert-torch", "ai-edge-litert", "verl", "transformers")
@@ -20,13 +23,10 @@ def _version(dist: str) -> str | None:
 
 def diagnose(device: str = "auto") -> dict:
     t0 = time.perf_counter()
-    from ._tpu_guard import tpu_hardware_present
-    from .device import select_device
-
     versions = {"python": pyplatform.python_version(), **{p: _version(p) for p in PACKAGES}}
     problems = [f"{p} is not installed" for p in REQUIRED if versions[p] is None]
 
-    import torch
+    import torch  # deferred: the device report must not slow `tpu-pipeline --help`
 
     plat = select_device(device)
     jax_backend = None

@@ -90,7 +90,7 @@ def _console_script() -> str:
 
 
 def test_console_script_in_subprocess(tmp_path):
-    env = {**os.environ, "TPU_PIPELINE_FAKE_NO_TPU": "1"}
+    env = {**os.environ, "TPU_PIPELINE_IGNORE_TPU_HARDWARE": "1"}
     out = subprocess.run([_console_script(), "doctor", "--json"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

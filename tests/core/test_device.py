@@ -57,7 +57,7 @@ def fake_torch_tpu(tmp_path):
 
 @pytest.fixture
 def no_tpu_hardware(monkeypatch):
-    monkeypatch.setenv("TPU_PIPELINE_FAKE_NO_TPU", "1")
+    monkeypatch.setenv("TPU_PIPELINE_IGNORE_TPU_HARDWARE", "1")
 
 
 def test_cpu_platform():
@@ -114,7 +114,7 @@ def test_installed_torch_tpu_is_not_loaded_without_tpu_hardware(fake_torch_tpu):
         assert p.kind == "cpu" and "not loaded" in p.reason, p
         assert "torch_tpu" not in sys.modules
         """,
-        TPU_PIPELINE_FAKE_NO_TPU="1",
+        TPU_PIPELINE_IGNORE_TPU_HARDWARE="1",
     )
 
 

@@ -14,8 +14,8 @@ import sys
 
 import click
 
-from .. import __version__
-from ..errors import EXIT_FAILURE, PipelineError
+from tpu_pipeline import __version__
+from tpu_pipeline.errors import EXIT_FAILURE, PipelineError
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 unexpected error (rerun with --debug); 2 bad input or "

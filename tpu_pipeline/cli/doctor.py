@@ -2,7 +2,7 @@ import json
 
 import click
 
-from ..doctor import diagnose
+from tpu_pipeline.doctor import diagnose
 
 
 @click.command()

@@ -2,7 +2,7 @@ import json
 
 import click
 
-from ..recipes import list_recipes
+from tpu_pipeline.recipes import list_recipes
 
 
 @click.command()

@@ -1,0 +1,55 @@
+"""The import layers in pyproject.toml hold, and a planted violation breaks them."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("lint_imports", ROOT / ".ci" / "lint_imports.py")
+lint_imports = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lint_imports)
+
+
+def _lint(tree: Path) -> subprocess.CompletedProcess:
+    return lint_imports.lint(tree, ROOT / "pyproject.toml", capture_output=True, text=True, timeout=300)
+
+
+def _plant(tree: Path, module: str, line: str) -> None:
+    """Append `line` to one module of a copied tree (never the repository's file)."""
+    path = tree.joinpath(*module.split(".")).with_suffix(".py")
+    if not path.exists():
+        path = tree.joinpath(*module.split(".")) / "__init__.py"
+    assert not any(p.is_symlink() for p in [path, *path.parents]), "plant only into a copied tree"
+    path.write_text(path.read_text() + "\n" + line + "\n")
+
+
+def test_the_layers_hold(tmp_path):
+    out = _lint(lint_imports.build_tree(ROOT, tmp_path / "tree"))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "0 broken" in out.stdout
+
+
+@pytest.mark.parametrize("module,line,contract", [
+    # core must not reach up into a stage
+    ("tpu_pipeline.errors", "import tpu_pipeline.train", "cli > rl > train"),
+    # convert stands on core only
+    ("tpu_pipeline.convert.parity", "from tpu_pipeline.kernels import rms_norm", "cli > rl > train"),
+    # train hands rl files, never the reverse
+    ("tpu_pipeline.train.loop", "import tpu_pipeline.rl", "cli > rl > train"),
+    ("tpu_pipeline.rl", "import tpu_pipeline.convert", "only the CLI uses convert"),
+    # a cycle inside one package
+    ("tpu_pipeline.files", "import tpu_pipeline.config", "no import cycles"),
+])
+def test_a_planted_violation_fails(tmp_path, module, line, contract):
+    tree = lint_imports.build_tree(ROOT, tmp_path / "tree", copy=True)
+    if module == "tpu_pipeline.files":  # a two-module cycle needs both directions
+        _plant(tree, "tpu_pipeline.config", "import tpu_pipeline.files")
+    _plant(tree, module, line)
+    out = _lint(tree)
+    assert out.returncode != 0
+    broken = [ln for ln in out.stdout.splitlines() if ln.endswith("BROKEN")]
+    assert any(ln.startswith(contract) for ln in broken), out.stdout[-3000:]
