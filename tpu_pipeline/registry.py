@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Generic, Iterator, TypeVar
 
-from .errors import UserError
+from tpu_pipeline.errors import UserError
 
 T = TypeVar("T")
 
