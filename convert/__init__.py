@@ -5,7 +5,10 @@ each checked on that target's runtime. Public API:
 
     convert(model_path, ConvertOptions(...), progress=None) -> report dict
     load_model, load_profiles, compare, judge, localize
+    ModelKind (a new kind of model: see kinds.py), TargetResult
 """
+
+import importlib
 
 if __name__ != "tpu_pipeline.convert":
     # A top-level `convert` is another PyPI distribution; this folder is only ever
@@ -15,13 +18,13 @@ if __name__ != "tpu_pipeline.convert":
 _EXPORTS = {
     "convert": "pipeline", "ConvertOptions": "pipeline", "load_model": "loaders", "load_profiles": "targets",
     "TargetProfile": "targets", "compare": "parity", "judge": "parity", "localize": "parity",
+    "ModelKind": "kinds", "TargetResult": "result",
 }
 
 
-def __getattr__(name):  # lazy: `tpu-pipeline --help` must not import torch or LiteRT
+def __getattr__(name):
+    # start-up: lazy, so `tpu-pipeline generate` (lm_runtime, no torch) and --help stay fast
     if name in _EXPORTS:
-        import importlib
-
         return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
     raise AttributeError(name)
 

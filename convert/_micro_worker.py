@@ -9,11 +9,10 @@ INPUTS.npz holds in_<position>_<sample> arrays; OUTPUTS.npz gets out_<position>_
 import sys
 
 import numpy as np
+from tflite_micro.python.tflite_micro import runtime
 
 
 def main(model_path, inputs_path, outputs_path, arena, n_out):
-    from tflite_micro.python.tflite_micro import runtime
-
     data = np.load(inputs_path)
     n_in = 1 + max(int(k.split("_")[1]) for k in data.files)
     n_samples = 1 + max(int(k.split("_")[2]) for k in data.files)

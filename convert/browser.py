@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConversionError
+from tpu_pipeline.errors import ConversionError
 
 WEB_DIR = Path(__file__).parent / "web"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

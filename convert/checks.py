@@ -1,13 +1,25 @@
 """Compatibility of an artifact with a target profile, before parity:
 op allowlist, delegate coverage, forbidden tensor types, dynamic dims, size
-and (iot) arena. Each violation names the ops and the PyTorch modules."""
+and (iot) arena. Each violation names the ops and the PyTorch modules.
+
+Fail closed: a check that cannot run is listed in `not_checked`, says so in a
+warning, and fails the target when the profile requires what it would have
+proven (require_delegate)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
-from .targets import TargetProfile
-from .tflite_info import ModelInfo, arena_estimate, module_path, op_module
+from tpu_pipeline.convert.export import quiet_native
+from tpu_pipeline.convert.targets import TargetProfile
+from tpu_pipeline.convert.tflite_info import ModelInfo, arena_estimate, module_path, op_module
+
+try:
+    from ai_edge_litert import _pywrap_analyzer_wrapper as analyzer
+    _ANALYZER_MISSING = None
+except ImportError as e:  # a private module of ai-edge-litert: other versions may lack it
+    analyzer, _ANALYZER_MISSING = None, f"{type(e).__name__}: {e}"
 
 _BUILTIN = re.compile(r"^[A-Z0-9_]+$")
 
@@ -20,16 +32,14 @@ def _where(info: ModelInfo, ops: list[dict]) -> str:
 
 
 def gpu_analyzer_warnings(model: bytes) -> tuple[list[int], str | None]:
-    """Op indices LiteRT's model analyzer flags as GPU-incompatible, or (.., reason) when it cannot run."""
+    """Op indices LiteRT's model analyzer flags as GPU-incompatible, or ([], reason) when it cannot run."""
+    if analyzer is None:
+        return [], f"model analyzer unavailable: {_ANALYZER_MISSING}"
     try:
-        from ai_edge_litert import _pywrap_analyzer_wrapper as analyzer
-
-        from .export import quiet_native
-
         with quiet_native():
             text = analyzer.ModelAnalyzer(bytes(model), False, True)
-    except Exception as e:  # noqa: BLE001 - the analyzer is optional; fall back to "not checked"
-        return [], f"model analyzer unavailable: {type(e).__name__}"
+    except Exception as e:  # noqa: BLE001 - any failure means "not checked", which check() reports
+        return [], f"model analyzer unavailable: {type(e).__name__}: {str(e).strip()[:200]}"
     flagged = []
     for line in str(text).splitlines():
         if "GPU COMPATIBILITY WARNING" in line:
@@ -39,9 +49,25 @@ def gpu_analyzer_warnings(model: bytes) -> tuple[list[int], str | None]:
     return sorted(set(flagged)), None
 
 
-def check(profile: TargetProfile, model: bytes, info: ModelInfo) -> dict:
-    """-> {"passed": bool, "violations": [str], "warnings": [str], "ops": {...}, "arena_estimate_bytes": n}"""
-    violations, warnings = [], []
+@dataclasses.dataclass(kw_only=True)
+class Compatibility:
+    violations: list[str]
+    warnings: list[str]
+    not_checked: list[str]      # checks that could not run, with the reason
+    ops: list[str]
+    delegate: dict              # {"name", "unsupported", "checked", "checked_by"}
+    arena_estimate_bytes: int
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+    def to_json(self) -> dict:
+        return {"passed": self.passed, **dataclasses.asdict(self)}
+
+
+def check(profile: TargetProfile, model: bytes, info: ModelInfo) -> Compatibility:
+    violations, warnings, not_checked = [], [], []
     op_names = sorted({op["op"] for op in info.ops})
     custom = [op for op in info.ops if not _BUILTIN.match(op["op"]) or op["op"] in ("CUSTOM", "DELEGATE")
               or op["op"].startswith("FLEX")]
@@ -52,11 +78,22 @@ def check(profile: TargetProfile, model: bytes, info: ModelInfo) -> dict:
         bad = [op for op in info.ops if op["op"] not in allowed]
         if bad:
             violations.append(f"ops not in the {profile.name} op resolver: {_where(info, bad)}")
-    delegate = {"name": profile.delegate, "unsupported": [], "checked_by": None}
+    # checked: None when the profile names no delegate, False when its check could not run
+    delegate = {"name": profile.delegate, "unsupported": [], "checked": None, "checked_by": None}
     if profile.delegate != "none":
+        delegate["checked"] = True
         if profile.delegate_check == "analyzer":
             flagged, why = gpu_analyzer_warnings(model)
-            delegate["checked_by"] = why or "LiteRT model analyzer (gpu_compatibility)"
+            if why:
+                delegate["checked"] = False
+                not_checked.append(f"{profile.delegate} delegate coverage: {why}")
+                msg = f"{profile.delegate} delegate coverage was not checked ({why})"
+                if profile.require_delegate:
+                    violations.append(msg + f"; {profile.name} requires the delegate")
+                else:
+                    warnings.append("WARNING: " + msg)
+            else:
+                delegate["checked_by"] = "LiteRT model analyzer (gpu_compatibility)"
             bad = [op for op in info.ops if op["index"] in set(flagged)]
         else:
             delegate["checked_by"] = f"{profile.delegate} delegate op list in the target profile"
@@ -80,5 +117,5 @@ def check(profile: TargetProfile, model: bytes, info: ModelInfo) -> dict:
     arena = arena_estimate(info)
     if profile.max_arena_bytes and arena > profile.max_arena_bytes:
         violations.append(f"arena estimate {arena} bytes is over the {profile.name} budget of {profile.max_arena_bytes}")
-    return {"passed": not violations, "violations": violations, "warnings": warnings, "ops": op_names,
-            "delegate": delegate, "arena_estimate_bytes": arena}
+    return Compatibility(violations=violations, warnings=warnings, not_checked=not_checked, ops=op_names,
+                         delegate=delegate, arena_estimate_bytes=arena)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from tpu_pipeline.convert.loaders import LoadedModel, first_line
 from tpu_pipeline.errors import ConversionError
-
-from .loaders import LoadedModel, _first_line
 
 
 @contextlib.contextmanager
@@ -22,20 +22,18 @@ def quiet_native(log_path: Path | None = None) -> Iterator[Path]:
         os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), str(log_path))
     saved = [os.dup(1), os.dup(2)]
     try:
+        # heavy: loads litert_torch (~8 s), which every caller is about to use. Its rich console
+        # writes to sys.stdout, which a host (click's CliRunner, a notebook) may have replaced.
         import litert_torch.progress as progress
 
         progress.console.quiet = True
-    except Exception:  # noqa: BLE001 - older/newer layouts: fd redirect still applies
+    except Exception:  # noqa: BLE001 - older/newer layouts: the fd redirect still applies
         pass
     try:
-        import sys
-
         sys.stdout.flush(), sys.stderr.flush()
         os.dup2(fd, 1), os.dup2(fd, 2)
         yield Path(name)
     finally:
-        import sys
-
         with contextlib.suppress(Exception):
             sys.stdout.flush(), sys.stderr.flush()
         os.dup2(saved[0], 1), os.dup2(saved[1], 2)
@@ -46,11 +44,11 @@ def quiet_native(log_path: Path | None = None) -> Iterator[Path]:
 def export_float(model: LoadedModel, path: Path) -> bytes:
     """Converts `model` at its sample inputs; returns the .tflite bytes (also written to `path`)."""
     try:
-        with quiet_native():
-            import litert_torch
+        import litert_torch  # heavy: ~8 s to import (the TFLite converter stack); only exports need it
 
+        with quiet_native():
             edge = litert_torch.convert(model.module, model.sample_args)
             edge.export(str(path))
     except Exception as e:  # noqa: BLE001 - the converter raises many types; all mean "cannot convert"
-        raise ConversionError(f"litert-torch could not convert the model: {type(e).__name__}: {_first_line(e)}") from None
+        raise ConversionError(f"litert-torch could not convert the model: {type(e).__name__}: {first_line(e)}") from None
     return path.read_bytes()

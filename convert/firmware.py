@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import ConversionError
+from tpu_pipeline.errors import ConversionError
 
 ARENA_HEADROOM = 1.25     # measured bytes x this, rounded up: kernels may differ slightly per MCU port
 ARENA_ALIGN = 16

@@ -15,12 +15,14 @@ positions are masked until decode overwrites them.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from ..errors import UserError
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.files import atomic_write_json
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 
@@ -123,7 +125,7 @@ def sample_inputs(shape: LMShape, length: int) -> dict[str, torch.Tensor]:
 
 def export_decode_ready(hf_model: nn.Module, path: str | Path, *, max_len: int, prefill_len: int) -> LMShape:
     """Writes one .tflite with `prefill` and `decode` signatures; returns the cache shape."""
-    import litert_torch
+    import litert_torch  # heavy: pulls in the TFLite converter stack; only exports need it
 
     shape = lm_shape(hf_model.config, max_len, prefill_len)
     module = _Named(KVCacheLM(hf_model.float(), shape)).eval()
@@ -177,7 +179,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def load_hf_causal_lm(folder: str | Path) -> nn.Module:
     """Weights from safetensors only; no code from the folder is ever run."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy: seconds to import; only HF folders need it
 
     folder = Path(folder)
     if not (folder / "config.json").is_file():
@@ -198,19 +200,22 @@ def eos_token_ids(hf_model: nn.Module) -> list[int]:
     return sorted({ids} if isinstance(ids, int) else set(ids or []))
 
 
+def cache_lengths(config, max_len: int | None = None, prefill_len: int | None = None) -> tuple[int, int]:
+    """(KV-cache length, tokens per prefill call): the given ones, else min(max_position_embeddings, 256)
+    and min(32, cache length)."""
+    max_len = max_len or min(int(getattr(config, "max_position_embeddings", 256)), 256)
+    return max_len, prefill_len or min(32, max_len)
+
+
 def write_decode_ready(hf_dir: str | Path, out_dir: str | Path, *, max_len: int | None = None,
-                       prefill_len: int | None = None) -> dict:
-    """hf_dir -> out_dir/{model.tflite, lm.json, tokenizer files}; returns lm.json's content."""
-    import shutil
-
-    from ..files import atomic_write_json
-
+                       prefill_len: int | None = None, model: nn.Module | None = None) -> dict:
+    """hf_dir -> out_dir/{model.tflite, lm.json, tokenizer files}; returns lm.json's content.
+    `model`: hf_dir's model when the caller has loaded it already."""
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     if not (hf_dir / "tokenizer.json").is_file():
         raise UserError(f"{hf_dir}: tokenizer.json missing; the artifact ships the tokenizer for its clients")
-    model = load_hf_causal_lm(hf_dir)
-    max_len = max_len or min(int(getattr(model.config, "max_position_embeddings", 256)), 256)
-    prefill_len = prefill_len or min(32, max_len)
+    model = model if model is not None else load_hf_causal_lm(hf_dir)
+    max_len, prefill_len = cache_lengths(model.config, max_len, prefill_len)
     out_dir.mkdir(parents=True, exist_ok=True)
     shape = export_decode_ready(model, out_dir / "model.tflite", max_len=max_len, prefill_len=prefill_len)
     for name in TOKENIZER_FILES:

@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+from ai_edge_litert.interpreter import Interpreter
+from tokenizers import Tokenizer
 
-from ..errors import UserError
+from tpu_pipeline.errors import UserError
 
 META_FILE = "lm.json"
 
@@ -30,9 +32,6 @@ def resolve_artifact_dir(path: str | Path) -> Path:
 
 class LiteRTLanguageModel:
     def __init__(self, artifact_dir: str | Path, *, num_threads: int | None = None):
-        from ai_edge_litert.interpreter import Interpreter
-        from tokenizers import Tokenizer
-
         d = Path(artifact_dir)
         meta_path = d / META_FILE
         if not meta_path.is_file():

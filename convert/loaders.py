@@ -118,7 +118,7 @@ def _load_export_archive(path: Path, input_shapes) -> LoadedModel:
     try:
         ep = torch.export.load(str(path))
     except Exception as e:  # noqa: BLE001 - any decode failure is bad input
-        raise UserError(f"{path}: cannot read the torch.export archive ({_first_line(e)})") from None
+        raise UserError(f"{path}: cannot read the torch.export archive ({first_line(e)})") from None
     if input_shapes:
         args = tuple(_random_input(*parse_input_shape(s)) for s in input_shapes)
     elif ep.example_inputs is not None and ep.example_inputs[0]:
@@ -139,13 +139,13 @@ def _torch_load(path: Path, trust_pickle: bool):
                 f"{path} holds pickled Python objects beyond tensors (a whole nn.Module or custom classes). "
                 "Unpickling them runs code from the file, so it is refused by default. Save a state_dict and "
                 "pass --model-class pkg.module:Class, or, if you trust the file, pass --trust-pickle "
-                f"(weights-only load said: {_first_line(e)})") from None
+                f"(weights-only load said: {first_line(e)})") from None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        raise UserError(f"{path}: cannot read it as a PyTorch file ({_first_line(e)}); it may be truncated or not a model") from None
+        raise UserError(f"{path}: cannot read it as a PyTorch file ({first_line(e)}); it may be truncated or not a model") from None
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001
-        raise UserError(f"{path}: unpickling failed ({_first_line(e)})") from None
+        raise UserError(f"{path}: unpickling failed ({first_line(e)})") from None
 
 
 def _load_torch_save(path: Path, input_shapes, model_class, model_kwargs, trust_pickle) -> LoadedModel:
@@ -206,14 +206,14 @@ def _load_hf_folder(path: Path, input_shapes, seq_len) -> LoadedModel:
     if not cfg_path.is_file() or not list(path.glob("*.safetensors")):
         raise UserError(f"{path} is a folder but not a Hugging Face model (needs config.json and *.safetensors)")
     try:
-        import transformers
+        import transformers  # heavy: ~2 s to import; only HF folders need it
 
         cfg = json.loads(cfg_path.read_text())
         # trust_remote_code stays False: a folder's custom modeling code never runs.
         model = transformers.AutoModelForCausalLM.from_pretrained(
             path, trust_remote_code=False, dtype=torch.float32, local_files_only=True)
     except Exception as e:  # noqa: BLE001
-        raise UserError(f"{path}: cannot load it as a Hugging Face causal LM ({_first_line(e)})") from None
+        raise UserError(f"{path}: cannot load it as a Hugging Face causal LM ({first_line(e)})") from None
     model.config.use_cache = False
     vocab = int(cfg.get("vocab_size") or model.config.vocab_size)
     shape = parse_input_shape(input_shapes[0])[0] if input_shapes else (1, seq_len)
@@ -256,11 +256,11 @@ def _build(spec: str, kwargs: dict, path: Path) -> nn.Module:
     try:
         cls = getattr(importlib.import_module(mod_name), cls_name)
     except (ImportError, AttributeError) as e:
-        raise UserError(f"cannot import model class {spec!r} ({_first_line(e)})") from None
+        raise UserError(f"cannot import model class {spec!r} ({first_line(e)})") from None
     try:
         return cls(**kwargs)
     except TypeError as e:
-        raise UserError(f"{spec}({', '.join(kwargs)}): {_first_line(e)}") from None
+        raise UserError(f"{spec}({', '.join(kwargs)}): {first_line(e)}") from None
 
 
 def _load_state(module: nn.Module, state: dict, path: Path) -> list[str]:
@@ -271,7 +271,7 @@ def _load_state(module: nn.Module, state: dict, path: Path) -> list[str]:
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise UserError(f"{path}: weights do not fit {type(module).__name__}: {_first_line(e)}") from None
+        raise UserError(f"{path}: weights do not fit {type(module).__name__}: {first_line(e)}") from None
     notes = [f"weights were saved as {', '.join(saved)}; cast to float32 before export"] if saved else []
     return notes + ([f"weights were on {', '.join(devices)}; loaded on cpu"] if devices else [])
 
@@ -313,7 +313,7 @@ def _finish(m: LoadedModel) -> LoadedModel:
             out = m.module(*m.sample_args)
     except Exception as e:  # noqa: BLE001 - a model that cannot run its own inputs is bad input
         shapes = ", ".join(f"{list(a.shape)}:{str(a.dtype).replace('torch.', '')}" for a in m.sample_args)
-        raise UserError(f"the model does not run on inputs {shapes} ({_first_line(e)}); check --input-shape") from None
+        raise UserError(f"the model does not run on inputs {shapes} ({first_line(e)}); check --input-shape") from None
     outs = flatten_outputs(out)
     if not m.output_names or len(m.output_names) != len(outs):
         m.output_names = [f"output_{i}" for i in range(len(outs))]
@@ -332,6 +332,6 @@ def flatten_outputs(out: Any) -> list[torch.Tensor]:
     raise UserError(f"model output of type {type(out).__name__} is not a tensor or a tuple of tensors")
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip()
     return (text.splitlines()[0] if text else type(e).__name__)[:300]

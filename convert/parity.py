@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .targets import TargetProfile
-from .tflite_info import ModelInfo, op_module
+from tpu_pipeline.convert.runtimes import LitertRunner
+from tpu_pipeline.convert.targets import TargetProfile
+from tpu_pipeline.convert.tflite_info import ModelInfo, op_module
 
 EPS = 1e-12
 
@@ -116,8 +117,6 @@ def _fused_variants(ref: np.ndarray):
 
 
 def _layer_errors(module, sample, model, info) -> list[dict]:
-    from .runtimes import LitertRunner
-
     args = [torch.from_numpy(np.asarray(x)) for x in sample]
     acts = _torch_activations(module, args)
     runner = LitertRunner(model, info, reference=True, preserve_all=True)

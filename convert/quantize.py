@@ -8,11 +8,11 @@ activations from calibration inputs and gives int8 model inputs/outputs.
 from __future__ import annotations
 
 import numpy as np
+from ai_edge_quantizer import quantizer, recipe
 
+from tpu_pipeline.convert.export import quiet_native
+from tpu_pipeline.convert.loaders import first_line
 from tpu_pipeline.errors import ConversionError
-
-from .export import quiet_native
-from .loaders import _first_line
 
 RECIPES = {"dynamic_int8": "dynamic_wi8_afp32", "static_int8": "static_wi8_ai8"}
 _FP16 = [{"regex": ".*", "operation": "*", "algorithm_key": "float_casting",
@@ -21,8 +21,6 @@ _FP16 = [{"regex": ".*", "operation": "*", "algorithm_key": "float_casting",
 
 
 def recipe_for(precision: str):
-    from ai_edge_quantizer import recipe
-
     if precision == "float16":
         return _FP16
     return getattr(recipe, RECIPES[precision])()
@@ -32,8 +30,6 @@ def quantize(float_model: bytes, precision: str, calibration: list[dict[str, np.
              signature: str = "serving_default") -> bytes:
     if precision == "float32":
         return float_model
-    from ai_edge_quantizer import quantizer
-
     try:
         with quiet_native():
             q = quantizer.Quantizer(bytearray(float_model), recipe_for(precision))
@@ -42,4 +38,4 @@ def quantize(float_model: bytes, precision: str, calibration: list[dict[str, np.
                 result = q.calibrate({signature: calibration or []}, num_threads=2)
             return bytes(q.quantize(result, enable_progress_report=False).quantized_model)
     except Exception as e:  # noqa: BLE001
-        raise ConversionError(f"ai-edge-quantizer could not make the {precision} variant: {type(e).__name__}: {_first_line(e)}") from None
+        raise ConversionError(f"ai-edge-quantizer could not make the {precision} variant: {type(e).__name__}: {first_line(e)}") from None

@@ -1,5 +1,9 @@
-"""Small reference models that convert ships for its tests, benchmark and
-`make demo` fallbacks, so convert never depends on the train stage.
+"""Small reference models for trying `convert` without the train stage: the
+benchmark (bench/convert.py, docs/BENCHMARKS.md) and the tests build them,
+and a model.pt manifest may name them as
+`tpu_pipeline.convert.reference_models:DepthwiseCNN` (or TinyEncoder,
+TinyDecoderLM). Models that exist only to make a test fail live in
+tests/convert/models.py.
 
 Each takes only JSON-able constructor kwargs (the model.pt manifest stores
 them) and has `example_inputs()` giving batch-1 sample arguments.
@@ -109,36 +113,3 @@ class TinyDecoderLM(nn.Module):
 
     def example_inputs(self):
         return (torch.randint(0, self.vocab, (1, self.seq), dtype=torch.int64),)
-
-
-class _ExportOnlyScale(nn.Module):
-    """Scales its input only while torch.export traces: eager and exported graphs differ here."""
-
-    def forward(self, x):
-        if torch.compiler.is_exporting():
-            return x * 1.5 + 0.25
-        return x
-
-
-class PlantedMismatchCNN(DepthwiseCNN):
-    """A DepthwiseCNN whose `blocks.3` (a pointwise conv) converts to something else than
-    PyTorch runs: the parity check must fail and name that layer."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.blocks[3] = nn.Sequential(self.blocks[3], _ExportOnlyScale())
-
-
-class Unconvertible(nn.Module):
-    """Uses an op with a data-dependent output shape, which LiteRT cannot express."""
-
-    def __init__(self, size: int = 8):
-        super().__init__()
-        self.size = size
-        self.fc = nn.Linear(size, size)
-
-    def forward(self, x):
-        return torch.nonzero(self.fc(x) > 0).float().sum(dim=0, keepdim=True)
-
-    def example_inputs(self):
-        return (torch.randn(1, self.size),)

@@ -62,7 +62,9 @@ def render_html(report: dict) -> str:
                     + (f"; in the browser {b['generation_agreement']:.0%}" if "generation_agreement" in b else "")
                     + "<br>prefill " + figs)
         lat = t.get("latency_ms") or {}
-        lat_s = (f"{lat['artifact']:.3f} ms vs torch {lat['torch_eager']:.3f} ms" if lat.get("artifact") is not None else "-")
+        per = " per token" if "unit" in lat else ""  # decode-ready LMs: per generated token
+        lat_s = (f"{lat['artifact']:.3f} ms{per} vs torch {lat['torch_eager']:.3f} ms" if lat.get("artifact") is not None
+                 else "-")
         problems = "<br>".join(e(x) for x in t.get("errors", []) + t.get("warnings", []))
         loc = p.get("first_divergence")
         if loc:

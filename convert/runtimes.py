@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
+from tpu_pipeline.convert.tflite_info import IOTensor, ModelInfo
 from tpu_pipeline.errors import ConversionError
-
-from .tflite_info import IOTensor, ModelInfo
 
 Sample = list[np.ndarray]  # one array per model input, in forward() order
 
@@ -42,8 +42,6 @@ class LitertRunner:
 
     def __init__(self, model: bytes, info: ModelInfo, *, reference: bool = False, preserve_all: bool = False,
                  threads: int = 1):
-        from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
         kind = OpResolverType.BUILTIN_REF if reference else OpResolverType.AUTO
         self.info = info
         self.interp = Interpreter(model_content=model, num_threads=threads, experimental_op_resolver_type=kind,

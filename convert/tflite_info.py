@@ -12,6 +12,7 @@ import dataclasses
 import re
 
 import numpy as np
+from ai_edge_litert.interpreter import Interpreter
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -48,8 +49,6 @@ def _suffix_num(key: str) -> tuple:
 
 
 def inspect_model(model: bytes) -> ModelInfo:
-    from ai_edge_litert.interpreter import Interpreter
-
     it = Interpreter(model_content=model)
     sig = it._get_full_signature_list()["serving_default"] if "serving_default" in it.get_signature_list() else None
     in_det, out_det = it.get_input_details(), it.get_output_details()

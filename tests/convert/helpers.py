@@ -8,16 +8,21 @@ import torch
 
 from tpu_pipeline.convert import reference_models as R
 
+from . import models as test_models
+
 RM = "tpu_pipeline.convert.reference_models"
 
 
 def manifest(cls, path: Path, *, task="classification", dtype=None, **kwargs) -> Path:
+    """A model.pt manifest of reference model `cls`, or of a test model (tests/convert/models.py),
+    which convert then needs `--model-class` for: it imports nothing outside tpu_pipeline unasked."""
     torch.manual_seed(0)
-    m = getattr(R, cls)(**kwargs).eval()
+    module = RM if hasattr(R, cls) else test_models.MODULE
+    m = getattr(R if module == RM else test_models, cls)(**kwargs).eval()
     state = m.state_dict()
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    torch.save({"format": "tpu-pipeline/model@1", "model_class": f"{RM}:{cls}", "model_kwargs": kwargs,
+    torch.save({"format": "tpu-pipeline/model@1", "model_class": f"{module}:{cls}", "model_kwargs": kwargs,
                 "state_dict": state, "example_inputs": list(m.example_inputs()),
                 "input_names": ["x"], "output_names": ["logits"], "task": task, "recipe": "test", "metrics": {}},
                path)

@@ -176,7 +176,7 @@ def test_every_profile_field_is_commented():
 def test_manifest_calibration_inputs_feed_calibration_and_held_out_parity(tmp_path):
     import numpy as np
 
-    from tpu_pipeline.convert.pipeline import _parity_samples, _rows
+    from tpu_pipeline.convert.module_kind import _parity_samples, _rows
 
     p = manifest("DepthwiseCNN", tmp_path / "model.pt")
     obj = torch.load(p, weights_only=True)

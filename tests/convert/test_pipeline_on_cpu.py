@@ -14,6 +14,8 @@ from tpu_pipeline.cli import cli
 from tpu_pipeline.convert import compare, judge, load_profiles
 
 from .helpers import hf_llama, manifest
+from .models import MODULE as TEST_MODELS
+from .models import Unconvertible
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +101,8 @@ def test_no_staging_left_behind(cnn):
 def test_planted_parity_failure_exit_4_names_the_layer(tmp_path):
     model = manifest("PlantedMismatchCNN", tmp_path / "model.pt")
     out = tmp_path / "dist"
-    r = run(model, "--targets", "desktop", "--out", out, "--samples", 4, "--no-latency")
+    r = run(model, "--model-class", f"{TEST_MODELS}:PlantedMismatchCNN", "--targets", "desktop", "--out", out,
+            "--samples", 4, "--no-latency")
     assert r.exit_code == 4, r.output
     err = r.output.strip().splitlines()[-1]
     assert err.startswith("Error:") and "first diverging layer: blocks.3.1" in err and "Traceback" not in r.output
@@ -114,11 +117,9 @@ def test_planted_parity_failure_exit_4_names_the_layer(tmp_path):
 def test_unconvertible_op_exit_3_nothing_written(tmp_path):
     import torch
 
-    from tpu_pipeline.convert.reference_models import Unconvertible
-
     torch.save(Unconvertible().state_dict(), tmp_path / "w.pt")
     out = tmp_path / "dist"
-    r = run(tmp_path / "w.pt", "--model-class", "tpu_pipeline.convert.reference_models:Unconvertible",
+    r = run(tmp_path / "w.pt", "--model-class", f"{TEST_MODELS}:Unconvertible",
             "--out", out, "--targets", "desktop")
     assert r.exit_code == 3, r.output
     assert r.output.strip().splitlines()[-1].startswith("Error: litert-torch could not convert")

@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from . import EXIT_CODES_HELP
+from tpu_pipeline.cli import EXIT_CODES_HELP
+from tpu_pipeline.errors import PipelineError
 
 
 @click.command(epilog=EXIT_CODES_HELP + " With --json the report is printed before a failing exit.")
@@ -46,8 +47,8 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
     Writes DIR/<target>/model.tflite + model.json, DIR/report.json and
     DIR/report.html.
     """
-    from ..errors import PipelineError
-    from ..convert import ConvertOptions, convert
+    # start-up: the pipeline imports torch and LiteRT; `tpu-pipeline convert --help` need not
+    from tpu_pipeline.convert.pipeline import ConvertOptions, convert
 
     opts = ConvertOptions(targets=targets, out=out, input_shapes=tuple(input_shapes), model_class=model_class,
                           model_kwargs=model_kwargs, trust_pickle=trust_pickle, calib=calib, eval_data=eval_data,
@@ -68,7 +69,7 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
 
 
 def _print_table(report: dict) -> None:
-    if report.get("task") == "causal-lm" and "lm" in report:
+    if report.get("kind") == "causal-lm":
         _print_lm_table(report)
         return
     click.echo(f"{'target':<8} {'status':<6} {'quantization':<13} {'bytes':>9} {'cos(min)':>10} {'cos(mean)':>10} "
@@ -88,15 +89,19 @@ def _print_table(report: dict) -> None:
 
 def _print_lm_table(report: dict) -> None:
     click.echo(f"{'target':<8} {'status':<6} {'quantization':<13} {'bytes':>9} {'greedy agree':>12} {'browser':>8} "
-               f"{'cos(min)':>10} {'max_abs':>9}")
+               f"{'cos(min)':>10} {'max_abs':>9} {'ms/token':>8} {'torch':>7}")
     for name, t in report["targets"].items():
         p = t.get("parity") or {}
         b = p.get("browser") or {}
         browser = f"{b['generation_agreement']:.2f}" if "generation_agreement" in b else ("skipped" if b else "-")
         agree = f"{p['generation_agreement']:.2f}" if "generation_agreement" in p else "-"
+        lat = t.get("latency_ms") or {}
         click.echo(f"{name:<8} {'ok' if t['passed'] else 'FAIL':<6} {t['quantization']:<13} {t['size_bytes'] or 0:>9} "
-                   f"{agree:>12} {browser:>8} {p.get('cosine', float('nan')):>10.6f} {p.get('max_abs', float('nan')):>9.3g}")
+                   f"{agree:>12} {browser:>8} {p.get('cosine', float('nan')):>10.6f} {p.get('max_abs', float('nan')):>9.3g} "
+                   f"{lat.get('artifact') or float('nan'):>8.3f} {lat.get('torch_eager') or float('nan'):>7.3f}")
     for name, why in report.get("skipped_targets", {}).items():
         click.echo(f"{name:<8} skipped: {why}")
+    for w in report.get("warnings", []):
+        click.echo(w, err=True)
     click.echo(f"wrote {report['out']}/ (report.html, report.json); run it: tpu-pipeline generate {report['out']}/desktop "
                "--prompt TEXT")

@@ -1,7 +1,11 @@
+"""`tpu-pipeline generate ARTIFACT_DIR --prompt TEXT`: greedy text from a decode-ready LiteRT LM, no PyTorch."""
+
 import json
 from pathlib import Path
 
 import click
+
+from tpu_pipeline.convert.lm_runtime import LiteRTLanguageModel, resolve_artifact_dir
 
 
 @click.command()
@@ -16,8 +20,6 @@ def command(artifact_dir: Path, prompt: str, max_new_tokens: int, as_json: bool)
     Hugging Face causal LM (model.tflite, lm.json, tokenizer.json), or the
     convert output folder itself (its desktop artifact is used).
     """
-    from ..convert.lm_runtime import LiteRTLanguageModel, resolve_artifact_dir
-
     lm = LiteRTLanguageModel(resolve_artifact_dir(artifact_dir))
     prompt_ids = lm.encode(prompt)
     ids = lm.generate_ids(prompt_ids, max_new_tokens)

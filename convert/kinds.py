@@ -1,0 +1,96 @@
+"""Model kinds: the parts of `convert` that depend on what the model is.
+
+The pipeline (pipeline.py) owns the per-target steps, the same for every kind:
+derive the target's variant from the one float export, run the compatibility
+checks (checks.py), run parity on the target's runtime, measure latency,
+write the artifact, model.json and the report. A kind supplies the pieces in
+between: how to load the model and export it once in float32, how a variant
+is made, which parity metric proves the artifact, what model.json says.
+
+Kinds today: `module` (module_kind.py: any nn.Module with fixed-shape tensor
+inputs, judged output by output) and `causal-lm` (lm_kind.py: a Hugging Face
+causal-LM folder, exported decode-ready, judged by greedy token agreement).
+A new kind is one module with a ModelKind subclass, listed in
+pipeline.MODEL_KINDS.
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import Callable, ClassVar
+
+import numpy as np
+
+from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
+from tpu_pipeline.convert.targets import TargetProfile
+from tpu_pipeline.convert.tflite_info import ModelInfo
+
+Progress = Callable[[str], None]
+
+
+class ModelKind(abc.ABC):
+    """One loaded model of this kind, ready to export. Create it with `load`."""
+
+    name: ClassVar[str]
+    noun: ClassVar[str]  # in messages: "target iot does not take {noun}"
+    # ConvertOptions field -> why it has no meaning for this kind; set to a non-default
+    # value it is refused (UserError, exit 2) before anything is loaded or written.
+    refused_options: ClassVar[dict[str, str]] = {}
+    # Whether app snippets and firmware files (which read model.json's serving
+    # signature) are written next to a passed artifact.
+    app_files: ClassVar[bool] = True
+
+    @staticmethod
+    @abc.abstractmethod
+    def detect(path: Path) -> bool:
+        """True when MODEL at `path` is of this kind (kinds are asked in pipeline.MODEL_KINDS order)."""
+
+    @classmethod
+    def skip_reason(cls, profile: TargetProfile) -> str | None:
+        """Why this kind is not built for `profile` (the target is skipped, or refused when
+        named explicitly), or None."""
+        return None
+
+    @classmethod
+    @abc.abstractmethod
+    def load(cls, path: Path, options, rng: np.random.Generator, say: Progress) -> ModelKind:
+        """Reads the model and chooses its parity inputs; raises UserError on bad input."""
+
+    @abc.abstractmethod
+    def export_float(self, work: Path, say: Progress) -> Artifact:
+        """The one float32 export every variant is derived from; ConversionError if it fails."""
+
+    def prepare(self, profiles: list[TargetProfile], float_model: Artifact, rng: np.random.Generator) -> list[str]:
+        """Work shared by the targets before their variants (calibration); returns report warnings."""
+        return []
+
+    def precision(self, profile: TargetProfile) -> str:
+        return profile.precision
+
+    @abc.abstractmethod
+    def variant(self, float_model: Artifact, precision: str) -> Artifact:
+        """The `precision` variant of the float export; ConversionError if it cannot be made."""
+
+    @abc.abstractmethod
+    def parity(self, profile: TargetProfile, art: Artifact, info: ModelInfo, options, work: Path,
+               say: Progress) -> Parity:
+        """Runs the artifact on the profile's runtime against PyTorch; `options` carries
+        --atol/--rtol/--min-cosine overrides. `work` is a scratch folder for this target."""
+
+    def explain_failure(self, art: Artifact, info: ModelInfo) -> dict | None:
+        """After failed parity: where the artifact departs from PyTorch (first diverging layer), or None."""
+        return None
+
+    @abc.abstractmethod
+    def latency(self, art: Artifact, info: ModelInfo, work: Path) -> dict:
+        """report.json's latency_ms object for this artifact on ai-edge-litert."""
+
+    @abc.abstractmethod
+    def model_json(self, r: TargetResult) -> dict:
+        """The target folder's model.json (what an app needs to load and feed the artifact)."""
+
+    @abc.abstractmethod
+    def report_fields(self) -> dict:
+        """Kind-specific top-level report.json fields: source_format, task, samples,
+        sample_source, notes, and whatever describes this kind's inputs."""

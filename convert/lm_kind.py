@@ -1,0 +1,199 @@
+"""The `causal-lm` model kind: a Hugging Face causal-LM folder (config.json,
+*.safetensors, tokenizer.json) becomes a decode-ready artifact per target
+(prefill + decode signatures, explicit KV cache, tokenizer beside it),
+proven by greedy generations that agree with PyTorch token for token, plus
+the usual metrics on each prompt's last prefill logits.
+
+Exported once in float32; each target's precision (its profile's
+lm_precision, else precision) is derived from that file with
+ai-edge-quantizer, as for any other model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from tpu_pipeline.convert import parity
+from tpu_pipeline.convert.browser import browser_unavailable, generate_litertjs
+from tpu_pipeline.convert.export import quiet_native
+from tpu_pipeline.convert.kinds import ModelKind, Progress
+from tpu_pipeline.convert.lm_export import (TOKENIZER_FILES, cache_lengths, eos_token_ids, generation_parity,
+                                            load_hf_causal_lm, write_decode_ready)
+from tpu_pipeline.convert.lm_runtime import META_FILE, LiteRTLanguageModel
+from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
+from tpu_pipeline.convert.quantize import quantize
+from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
+from tpu_pipeline.convert.targets import TargetProfile
+from tpu_pipeline.convert.tflite_info import ModelInfo
+from tpu_pipeline.errors import ConversionError, UserError
+
+MAX_NEW_TOKENS = 16
+RUNTIME = "ai-edge-litert XNNPACK (prefill/decode signatures)"
+NOT_FOR_HF = "does not apply to a Hugging Face causal-LM folder (its config.json and safetensors define the model)"
+
+
+def is_causal_lm_folder(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file() and (path / "tokenizer.json").is_file()
+
+
+def read_prompts(path: str | Path | None, tokenizer, n: int, vocab: int, max_prompt: int, rng) -> tuple[list[list[int]], str]:
+    if path:
+        lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
+        if not lines:
+            raise UserError(f"--prompts {path}: no prompts (one per line)")
+        ids = [tokenizer.encode(ln).ids for ln in lines[:n]]
+        too_long = [i for i, p in enumerate(ids) if len(p) > max_prompt]
+        if too_long:
+            raise UserError(f"--prompts {path}: line {too_long[0] + 1} is over {max_prompt} tokens")
+        return ids, f"--prompts ({len(ids)} lines)"
+    lengths = rng.integers(2, max(3, max_prompt // 2), n)
+    return [rng.integers(0, vocab, k).tolist() for k in lengths], f"{n} random token sequences"
+
+
+class CausalLMKind(ModelKind):
+    name = "causal-lm"
+    noun = "a causal LM"
+    refused_options = {
+        "input_shapes": NOT_FOR_HF, "model_class": NOT_FOR_HF, "model_kwargs": NOT_FOR_HF, "trust_pickle": NOT_FOR_HF,
+        "calib": "does not apply to a causal LM: static int8 of a KV-cache LM is not built, its targets use float "
+                 "or dynamic int8 (profile lm_precision)",
+        "eval_data": "does not apply to a causal LM: its parity inputs are prompts (pass --prompts FILE, one per line)",
+    }
+    app_files = False  # snippets and firmware read a serving_default signature; this artifact has prefill/decode
+
+    def __init__(self, path: Path, model: torch.nn.Module, prompts: list[list[int]], source: str, max_len: int,
+                 prefill_len: int):
+        self.path, self.model, self.prompts, self.sample_source = path, model, prompts, source
+        self.max_len, self.prefill_len = max_len, prefill_len
+        self.meta: dict = {}
+        self.torch_ms: float | None = None
+
+    @staticmethod
+    def detect(path: Path) -> bool:
+        return is_causal_lm_folder(path)
+
+    @classmethod
+    def skip_reason(cls, profile: TargetProfile) -> str | None:
+        if profile.causal_lm:
+            return None
+        return "decode-ready LMs are not built for this target (profile causal_lm = false)"
+
+    @classmethod
+    def load(cls, path: Path, o, rng: np.random.Generator, say: Progress) -> CausalLMKind:
+        say("load: Hugging Face causal LM (safetensors; no code from the folder runs)")
+        model = load_hf_causal_lm(path)
+        max_len, prefill_len = cache_lengths(model.config, o.lm_max_len, o.lm_prefill_len)
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        prompts, source = read_prompts(o.prompts, tokenizer, o.samples, model.config.vocab_size,
+                                       max_len - MAX_NEW_TOKENS, rng)
+        return cls(path, model, prompts, source, max_len, prefill_len)
+
+    def export_float(self, work: Path, say: Progress) -> Artifact:
+        say("export: decode-ready float32 .tflite (prefill + decode, KV cache), traced once")
+        out = work / "float"
+        try:
+            with quiet_native(work / "export.log"):
+                self.meta = write_decode_ready(self.path, out, max_len=self.max_len, prefill_len=self.prefill_len,
+                                               model=self.model)
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the converter's own failures
+            raise ConversionError(f"litert-torch could not export the LM: {type(e).__name__}: "
+                                  f"{str(e).splitlines()[0]}") from None
+        extra = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != "model.tflite"}
+        return Artifact(model=(out / "model.tflite").read_bytes(), extra_files=extra)
+
+    def precision(self, profile: TargetProfile) -> str:
+        return profile.lm_precision or profile.precision
+
+    def variant(self, float_model: Artifact, precision: str) -> Artifact:
+        if precision == "static_int8":
+            raise ConversionError("static int8 needs calibration of a KV-cache LM, which is not built; use a float "
+                                  "or dynamic int8 profile")
+        return Artifact(model=quantize(float_model.model, precision, None, signature="prefill"),
+                        extra_files=float_model.extra_files)
+
+    def _runtime(self, art: Artifact, folder: Path) -> LiteRTLanguageModel:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "model.tflite").write_bytes(art.model)
+        for name, data in art.extra_files.items():
+            (folder / name).write_bytes(data)
+        return LiteRTLanguageModel(folder, num_threads=MEASURE_THREADS)
+
+    def parity(self, prof: TargetProfile, art: Artifact, info: ModelInfo, o, work: Path, say: Progress) -> Parity:
+        say(f"{prof.name}: greedy generations on {len(self.prompts)} prompts vs PyTorch")
+        gen = generation_parity(self.model, self._runtime(art, work), self.prompts, MAX_NEW_TOKENS)
+        ref_ids = gen.pop("ref_ids")
+        logits = parity.compare(gen.pop("ref_logits"), gen.pop("got_logits"), classifier=True,
+                                atol=o.atol if o.atol is not None else prof.atol,
+                                rtol=o.rtol if o.rtol is not None else prof.rtol)
+        ok_logits, reasons = parity.judge({"logits": logits}, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
+        runtime, warnings, browser = RUNTIME, [], None
+        if prof.browser_parity:
+            browser = self._browser_generations(prof, work, ref_ids, say)
+            if "skipped" in browser:
+                warnings.append(f"browser parity skipped: {browser['skipped']}")
+            else:
+                runtime += "; LiteRT.js (wasm) in headless Chromium"
+                if browser["generation_agreement"] < prof.min_generation_agreement:
+                    ok_logits = False
+                    reasons.append(f"in the browser (LiteRT.js): greedy generations agree on "
+                                   f"{browser['generation_agreement']:.0%} of prompts")
+        ok_gen = gen["generation_agreement"] >= prof.min_generation_agreement
+        if not ok_gen:
+            d = gen["first_generation_divergence"]
+            reasons.insert(0, f"greedy generations agree on {gen['generation_agreement']:.0%} of prompts "
+                              f"(need {prof.min_generation_agreement:.0%}); first divergence: prompt {d['prompt']}, "
+                              f"token {d['token_index']} (torch {d['torch']}, litert {d['litert']})")
+        tolerances = {**parity.tolerances(prof, o.atol, o.rtol, o.min_cosine),
+                      "min_generation_agreement": prof.min_generation_agreement}
+        figures = {"passed": ok_gen and ok_logits, "reasons": reasons, "runtime": "ai-edge-litert",
+                   **({"browser": browser} if browser else {}),
+                   **gen, "max_new_tokens": MAX_NEW_TOKENS, "outputs": {"logits": logits}, "tolerances": tolerances,
+                   **{k: logits[k] for k in ("max_abs", "rmse", "cosine", "snr_db", "top1") if k in logits}}
+        return Parity(figures=figures, warnings=warnings, runtime=runtime)
+
+    def _browser_generations(self, prof: TargetProfile, artifact_dir: Path, ref_ids, say: Progress) -> dict:
+        """The web target's greedy generations in headless Chromium (LiteRT.js)."""
+        reason = browser_unavailable()
+        if reason:
+            return {"skipped": reason}
+        say(f"{prof.name}: greedy generations in headless Chromium (LiteRT.js)")
+        got = generate_litertjs(artifact_dir / "model.tflite", self.meta, self.prompts, MAX_NEW_TOKENS)
+        agree = sum(g == ref for g, ref in zip(got, ref_ids))
+        return {"runtime": "LiteRT.js (@litertjs/core, wasm) in headless Chromium", "prompts": len(self.prompts),
+                "generation_agreement": agree / max(1, len(self.prompts))}
+
+    def latency(self, art: Artifact, info: ModelInfo, work: Path) -> dict:
+        """Milliseconds per generated token, greedy, the first prompt's prefill included, one
+        thread on both sides; PyTorch runs transformers' generate with its KV cache."""
+        lm = self._runtime(art, work)
+        prompt = self.prompts[0]
+        n = len(lm.generate_ids(prompt, MAX_NEW_TOKENS))
+        art_ms = median_ms(lambda: lm.generate_ids(prompt, MAX_NEW_TOKENS)) / n
+        if self.torch_ms is None:
+            ids = torch.tensor([prompt])
+            pad = (eos_token_ids(self.model) or [0])[0]
+            with torch.no_grad(), torch_threads():
+                self.torch_ms = median_ms(lambda: self.model.generate(
+                    ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad)) / n
+        return {"artifact": art_ms, "torch_eager": self.torch_ms, "threads": MEASURE_THREADS,
+                "speedup_vs_torch": (self.torch_ms / art_ms) if art_ms else None,
+                "runtime": "ai-edge-litert (XNNPACK)", "unit": "ms per generated token (greedy, prefill included)",
+                "tokens": n}
+
+    def model_json(self, r: TargetResult) -> dict:
+        return {"format": "tpu-pipeline/litert-artifact@1", "kind": "decode-ready-lm", "target": r.target,
+                "passed": r.passed, "quantization": r.quantization, "runtime": r.runtime,
+                "size_bytes": r.size_bytes, "sha256": r.sha256, "lm": META_FILE,
+                "tokenizer": [n for n in TOKENIZER_FILES if n in r.artifact.extra_files],
+                "parity": r.parity, "latency_ms": r.latency_ms, "errors": r.errors, "warnings": r.warnings}
+
+    def report_fields(self) -> dict:
+        return {"source_format": "Hugging Face causal-LM folder (decode-ready export)", "task": "causal-lm",
+                "lm": {k: self.meta.get(k) for k in ("max_len", "prefill_len", "cache_shape", "eos_token_ids")},
+                "samples": len(self.prompts), "sample_source": self.sample_source, "notes": []}

@@ -1,0 +1,249 @@
+"""The `module` model kind: an nn.Module with fixed-shape tensor inputs
+(classifiers, encoders, a Hugging Face LM's fixed-length forward), exported
+once with litert-torch and judged output by output: cosine, elementwise
+tolerance, top-1 agreement for class scores, on XNNPACK with the reference
+kernels beside it (TFLM for iot, LiteRT.js in Chromium for web). A failed
+target names the first PyTorch layer whose output diverges."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tpu_pipeline.convert import parity
+from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs
+from tpu_pipeline.convert.export import export_float
+from tpu_pipeline.convert.kinds import ModelKind, Progress
+from tpu_pipeline.convert.loaders import LoadedModel, flatten_outputs, load_model
+from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
+from tpu_pipeline.convert.quantize import quantize
+from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
+from tpu_pipeline.convert.runtimes import LitertRunner, from_artifact, run_micro, to_artifact
+from tpu_pipeline.convert.targets import TargetProfile
+from tpu_pipeline.convert.tflite_info import ModelInfo, inspect_model
+from tpu_pipeline.errors import UserError
+
+CALIB_RANDOM_SAMPLES = 16
+REFERENCE_SAMPLES = 2
+LOCALIZE_SAMPLES = 4  # layer errors are averaged over these parity samples
+LM_ONLY = "applies to Hugging Face causal-LM folders with tokenizer.json only"
+
+
+class ModuleKind(ModelKind):
+    name = "module"
+    noun = "this model"
+    refused_options = {"prompts": LM_ONLY, "lm_max_len": LM_ONLY, "lm_prefill_len": LM_ONLY}
+
+    def __init__(self, m: LoadedModel, samples: list[list[np.ndarray]], sample_source: str,
+                 calib_data: list[list[np.ndarray]] | None, ref: list[list[np.ndarray]]):
+        self.m, self.samples, self.sample_source, self.ref = m, samples, sample_source, ref
+        self.calib_data = calib_data
+        self.calib: list[dict[str, np.ndarray]] | None = None
+        self.notes = list(m.notes)
+        self.torch_ms: float | None = None
+
+    @staticmethod
+    def detect(path: Path) -> bool:
+        return True  # the fallback: the loader says what it cannot read
+
+    @classmethod
+    def load(cls, path: Path, o, rng: np.random.Generator, say: Progress) -> ModuleKind:
+        say("load: reading " + str(path))
+        m = load_model(path, input_shapes=list(o.input_shapes), model_class=o.model_class,
+                       model_kwargs=o.model_kwargs, trust_pickle=o.trust_pickle)
+        calib_data, calib_source = None, None
+        if o.calib:
+            calib_data, calib_source = _read_npz(o.calib, m, "--calib"), "--calib"
+        elif m.calibration is not None:
+            calib_data, calib_source = _rows(m.calibration, m), "the manifest's calibration_inputs"
+        eval_data = _read_npz(o.eval_data, m, "--eval-data") if o.eval_data else None
+        samples, source, calib_data = _parity_samples(m, eval_data, calib_data, calib_source, o.samples, rng)
+        with torch.no_grad(), torch_threads():
+            ref = [[t.float().numpy() for t in flatten_outputs(m.module(*[torch.from_numpy(x) for x in s]))]
+                   for s in samples]
+        return cls(m, samples, source, calib_data, ref)
+
+    @property
+    def classifier(self) -> bool:
+        return self.m.task in ("classification", "causal-lm") or self.m.task is None
+
+    @property
+    def output_names(self) -> list[str]:
+        return self.m.output_names or [f"output_{i}" for i in range(len(self.ref[0]))]
+
+    def export_float(self, work: Path, say: Progress) -> Artifact:
+        say("export: torch -> float32 .tflite (litert-torch, traced once)")
+        art = Artifact(model=export_float(self.m, work / "float.tflite"))
+        self.notes += _dtype_notes(self.m, inspect_model(art.model))
+        return art
+
+    def prepare(self, profiles: list[TargetProfile], float_model: Artifact, rng: np.random.Generator) -> list[str]:
+        warnings = []
+        if any(self.precision(p) == "static_int8" for p in profiles):
+            if self.calib_data is None:
+                warnings.append("WARNING: static int8 was calibrated on random-normal inputs (no --calib given); "
+                                "pass --calib FILE.npz with real inputs or int8 accuracy on real data may be far worse")
+                rows = [_random_sample(self.m, rng) for _ in range(CALIB_RANDOM_SAMPLES)]
+            else:
+                rows = self.calib_data
+            inputs = inspect_model(float_model.model).inputs
+            self.calib = [{t.key: np.asarray(x).astype(t.dtype) for x, t in zip(s, inputs)} for s in rows]
+        return warnings
+
+    def variant(self, float_model: Artifact, precision: str) -> Artifact:
+        return Artifact(model=quantize(float_model.model, precision, self.calib))
+
+    def parity(self, prof: TargetProfile, art: Artifact, info: ModelInfo, o, work: Path, say: Progress) -> Parity:
+        say(f"{prof.name}: parity on {prof.runtime} over {len(self.samples)} samples")
+        model, samples, ref, names = art.model, self.samples, self.ref, self.output_names
+        got_ref = None
+        if prof.runtime == "tflite-micro":
+            got = run_micro(model, info, samples, prof.max_arena_bytes or 64 * 1024 * 1024)
+        else:
+            got = [LitertRunner(model, info).run(s) for s in samples]
+            # Reference kernels are naive loops (seconds per sample on convs): a few samples tell
+            # kernel noise from conversion error.
+            refk = LitertRunner(model, info, reference=True)
+            got_ref = [refk.run(s) for s in samples[:REFERENCE_SAMPLES]]
+        outputs = self._compare(prof, o, ref, got)
+        passed, reasons = parity.judge(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
+        res = {"passed": passed, "reasons": reasons, "outputs": outputs,
+               "tolerances": parity.tolerances(prof, o.atol, o.rtol, o.min_cosine), "runtime": prof.runtime}
+        warnings, runtime = [], None
+        if prof.browser_parity:
+            res["browser"] = browser = self._browser_parity(prof, art.model, info, o)
+            if browser.get("passed") is False:
+                res["passed"] = False
+                res["reasons"] += [f"in the browser (LiteRT.js): {x}" for x in browser["reasons"]]
+            if "skipped" in browser:
+                runtime = "ai-edge-litert XNNPACK only (LiteRT.js browser run skipped)"
+                warnings.append(f"browser parity skipped: {browser['skipped']}")
+        first = outputs[names[0]]
+        res.update({k: first[k] for k in ("max_abs", "rmse", "cosine", "cosine_mean", "snr_db", "top1") if k in first})
+        if got_ref is not None:
+            res["kernel_noise"] = {"max_abs_xnnpack_vs_reference": float(max(
+                np.abs(np.asarray(a, np.float64) - b).max() for g, gr in zip(got, got_ref) for a, b in zip(g, gr)))}
+            if not passed:
+                ok_ref, _ = parity.judge(self._compare(prof, o, ref[:len(got_ref)], got_ref), prof,
+                                         atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
+                res["diagnosis"] = ("XNNPACK kernel noise: the reference kernels pass" if ok_ref else
+                                    "conversion error: the reference kernels fail too")
+        return Parity(figures=res, warnings=warnings, runtime=runtime)
+
+    def _compare(self, prof, o, ref, got) -> dict[str, dict]:
+        return {name: parity.compare([s[k] for s in ref], [g[k] for g in got], classifier=self.classifier,
+                                     atol=o.atol if o.atol is not None else prof.atol,
+                                     rtol=o.rtol if o.rtol is not None else prof.rtol)
+                for k, name in enumerate(self.output_names)}
+
+    def _browser_parity(self, prof: TargetProfile, model: bytes, info: ModelInfo, o) -> dict:
+        """The web target's parity in a real browser (LiteRT.js in headless Chromium)."""
+        reason = browser_unavailable()
+        if reason:
+            return {"skipped": reason}
+        feed = [[to_artifact(x, t) for x, t in zip(s, info.inputs)] for s in self.samples]
+        got = run_litertjs(model, feed, input_names=[t.key for t in info.inputs],
+                           output_names=[t.key for t in info.outputs])
+        got = [[from_artifact(y, t) for y, t in zip(row, info.outputs)] for row in got]
+        outputs = self._compare(prof, o, self.ref, got)
+        passed, reasons = parity.judge(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
+        first = outputs[self.output_names[0]]
+        return {"runtime": "LiteRT.js (@litertjs/core, wasm) in headless Chromium", "passed": passed,
+                "reasons": reasons, "outputs": outputs,
+                **{k: first[k] for k in ("max_abs", "rmse", "cosine", "top1") if k in first}}
+
+    def explain_failure(self, art: Artifact, info: ModelInfo) -> dict | None:
+        return parity.localize(self.m.module, self.samples[:LOCALIZE_SAMPLES], art.model, info)
+
+    def latency(self, art: Artifact, info: ModelInfo, work: Path) -> dict:
+        if self.torch_ms is None:
+            with torch.no_grad(), torch_threads():
+                self.torch_ms = median_ms(lambda: self.m.module(*self.m.sample_args))
+        art_ms = LitertRunner(art.model, info, threads=MEASURE_THREADS).latency_ms(self.samples[0])
+        return {"artifact": art_ms, "torch_eager": self.torch_ms, "threads": MEASURE_THREADS,
+                "speedup_vs_torch": (self.torch_ms / art_ms) if art_ms else None,
+                "runtime": "ai-edge-litert (XNNPACK)"}
+
+    def model_json(self, r: TargetResult) -> dict:
+        m, info = self.m, r.info
+        ins = [{"name": n, **t.to_json()} for n, t in zip(m.input_names, info.inputs)]
+        outs = [{"name": n, **t.to_json()} for n, t in zip(m.output_names or [], info.outputs)]
+        return {"format": "tpu-pipeline/litert-artifact@1", "target": r.target, "passed": r.passed,
+                "quantization": r.quantization, "runtime": r.runtime, "size_bytes": r.size_bytes,
+                "sha256": r.sha256, "signature": "serving_default", "inputs": ins, "outputs": outs,
+                "task": m.task, "notes": self.notes, "parity": r.parity, "latency_ms": r.latency_ms,
+                "errors": r.errors, "warnings": r.warnings, "firmware": r.firmware}
+
+    def report_fields(self) -> dict:
+        m = self.m
+        return {"source_format": m.source_format, "task": m.task,
+                "inputs": [{"name": n, "shape": list(a.shape), "dtype": str(a.dtype).replace("torch.", "")}
+                           for n, a in zip(m.input_names, m.sample_args)],
+                "output_names": m.output_names, "samples": len(self.samples), "sample_source": self.sample_source,
+                "notes": self.notes}
+
+
+def _random_sample(m: LoadedModel, rng) -> list[np.ndarray]:
+    s = []
+    for a, high in zip(m.sample_args, m.int_high):
+        if a.is_floating_point():
+            s.append(rng.standard_normal(tuple(a.shape)).astype(np.float32))
+        elif a.dtype == torch.bool:
+            s.append(rng.random(tuple(a.shape)) > 0.5)
+        else:
+            s.append(rng.integers(0, max(high or 2, 1), tuple(a.shape)).astype(str(a.dtype).replace("torch.", "")))
+    return s
+
+
+def _parity_samples(m, eval_data, calib_data, calib_source, n, rng):
+    """-> (parity samples, where they came from, calibration rows). Real data beats random;
+    with enough calibration rows the last n are held out of calibration for parity."""
+    if eval_data:
+        return eval_data[:n], f"--eval-data ({min(n, len(eval_data))} rows)", calib_data
+    if calib_data:
+        if len(calib_data) >= 2 * n:
+            return calib_data[-n:], f"{calib_source} (last {n} rows, held out of calibration)", calib_data[:-n]
+        return calib_data[:n], f"{calib_source} ({min(n, len(calib_data))} rows, also used for calibration)", calib_data
+    first = [a.numpy() for a in m.sample_args]
+    return [first] + [_random_sample(m, rng) for _ in range(n - 1)], "the model's example inputs + random inputs", None
+
+
+def _rows(tensors: list[torch.Tensor], m: LoadedModel) -> list[list[np.ndarray]]:
+    arrays = [t.detach().cpu().to(a.dtype).numpy() for t, a in zip(tensors, m.sample_args)]
+    n = min(len(a) for a in arrays)
+    if n == 0:
+        raise UserError("calibration_inputs holds no rows")
+    return [[a[i:i + 1] for a in arrays] for i in range(n)]
+
+
+def _read_npz(path, m: LoadedModel, flag: str) -> list[list[np.ndarray]]:
+    """An .npz with one array per input (named like the input, or arr_0..): shape (N, *input_shape[1:])."""
+    try:
+        data = np.load(path, allow_pickle=False)
+        keys = list(data.files)
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"{flag} {path}: not a readable .npz file ({type(e).__name__})") from None
+    arrays = []
+    for i, (name, a) in enumerate(zip(m.input_names, m.sample_args)):
+        key = name if name in keys else (f"arr_{i}" if f"arr_{i}" in keys else (keys[i] if i < len(keys) else None))
+        if key is None:
+            raise UserError(f"{flag} {path}: no array for input {name!r} (keys: {', '.join(keys)})")
+        arr = data[key]
+        if tuple(arr.shape[1:]) != tuple(a.shape[1:]):
+            raise UserError(f"{flag} {path}: array {key!r} has shape {list(arr.shape)}; expected (N, {', '.join(map(str, a.shape[1:]))})")
+        arrays.append(arr.astype(str(a.dtype).replace("torch.", "")))
+    n = min(len(a) for a in arrays)
+    if n == 0:
+        raise UserError(f"{flag} {path}: holds no rows")
+    return [[a[i:i + 1] for a in arrays] for i in range(n)]
+
+
+def _dtype_notes(m: LoadedModel, info: ModelInfo) -> list[str]:
+    notes = []
+    for name, a, t in zip(m.input_names, m.sample_args, info.inputs):
+        src = str(a.dtype).replace("torch.", "")
+        if src != t.dtype and not (t.scale and t.dtype == "int8"):
+            notes.append(f"input {name}: {src} in PyTorch is {t.dtype} in the artifact; feed {t.dtype} (parity did)")
+    return notes
