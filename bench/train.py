@@ -42,8 +42,7 @@ def setup_mode(mode: str, *, batch: int):
     from tpu_pipeline import compile as tp_compile
     from tpu_pipeline import select_device
     from tpu_pipeline.train.loop import sample_indices
-    from tpu_pipeline.train.runner import load_recipe
-    from tpu_pipeline.train.tasks import get_task
+    from tpu_pipeline.train.runner import get_task, load_recipe
 
     _, recipe = load_recipe("arith_lm", {"loop.batch_size": batch, "arith.n_train": 4000, "arith.n_heldout": 10})
     task = get_task(recipe, "arith_lm")

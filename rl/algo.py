@@ -17,10 +17,11 @@ import functools
 import numpy as np
 import torch
 
-from ..errors import UserError
+from tpu_pipeline.errors import UserError
 
 
 def _core():
+    # heavy: verl's trainer package pulls in ray and hydra (seconds); --engine verl --dry-run never needs it
     from verl.trainer.ppo import core_algos
 
     return core_algos
@@ -37,7 +38,7 @@ def resolve(alg) -> dict:
 
 @functools.lru_cache(maxsize=8)
 def _actor_config(clip_low: float, clip_high: float, clip_c: float, loss_agg_mode: str, policy_loss: str):
-    from verl.workers.config import ActorConfig
+    from verl.workers.config import ActorConfig  # heavy: see _core
 
     # strategy/batch fields are required by ActorConfig's checks but unused here.
     return ActorConfig(strategy="fsdp", ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1, rollout_n=1,
@@ -77,7 +78,7 @@ def check(alg) -> None:
 def make_batch(*, prompts, prompt_mask, responses, response_mask, scores: list[float], uids: list[str],
                data_sources: list[str]):
     """A `verl.DataProto` with VeRL's key names; outcome reward on the last response token."""
-    from verl import DataProto
+    from verl import DataProto  # heavy: see _core
 
     B, R = responses.shape
     rewards = torch.zeros((B, R), dtype=torch.float32)

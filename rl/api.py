@@ -3,21 +3,39 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import UserError
-from ..files import atomic_write_json
-from .config import RLConfig, load_recipe, to_dict
+import torch
+
+import tpu_pipeline
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.files import atomic_write_json
+from tpu_pipeline.kernels import use_kernels
+from tpu_pipeline.metrics import MetricsWriter
+from tpu_pipeline.rl import algo
+from tpu_pipeline.rl.config import RLConfig, fingerprint, load_recipe, to_dict
+from tpu_pipeline.rl.curve import plot_curve
+from tpu_pipeline.rl.data import build_source
+from tpu_pipeline.rl.engine import Engine, make_reference, set_threads, write_eval
+from tpu_pipeline.rl.evaluate import evaluate
+from tpu_pipeline.rl.policy import (build_optimizer, load_policy, save_policy, warm_start, warm_start_overrides,
+                                    warm_start_training_set)
+from tpu_pipeline.rl.rewards import GuardedReward, load_reward
+from tpu_pipeline.training import Hook
 
 ENGINES = ("local", "verl")
 
+# (label, row key, format) shown beside rl's progress bar.
+BAR_FIELDS = (("reward", "reward", "{:.3f}"), ("acc", "accuracy", "{:.3f}"), ("kl", "kl", "{:.4f}"),
+              ("len", "response_length", "{:.1f}"), ("s/step", "step_seconds", "{:.2f}"),
+              ("heldout", "heldout_accuracy", "{:.3f}"))
+
 
 def _log_default(msg: str) -> None:
-    import click
-
-    click.echo(msg, err=True)
+    print(msg, file=sys.stderr, flush=True)
 
 
 def validate(cfg: RLConfig) -> None:
@@ -36,8 +54,11 @@ def validate(cfg: RLConfig) -> None:
     for ok, msg in checks:
         if not ok:
             raise UserError(f"recipe {cfg.name}: {msg}")
-    from . import algo
-
+    if not d.file:
+        try:
+            d.arith_difficulty()
+        except UserError as e:
+            raise UserError(f"recipe {cfg.name}: data.difficulty: {e}") from None
     algo.check(cfg.algorithm)
 
 
@@ -59,8 +80,6 @@ def prepare_config(recipe: str, *, steps: int | None = None, time_budget_s: floa
 
 
 def _policy_and_optimizer(cfg: RLConfig, platform, log):
-    from .policy import build_optimizer, load_policy, warm_start, warm_start_overrides
-
     if cfg.policy.path:
         path = Path(cfg.policy.path)
         info = {"path": str(path), "cached": None, "seconds": 0.0}
@@ -75,8 +94,6 @@ def _policy_and_optimizer(cfg: RLConfig, platform, log):
     if kernels == "pallas" or (kernels == "auto" and platform.kind != "cpu"):
         # RMSNorm and attention through tpu_pipeline.kernels; on CPU "auto" keeps the plain
         # model (Pallas only runs interpreted there, a correctness tool, not a fast path).
-        from ..kernels import use_kernels
-
         use_kernels(model, kernels)
     opt, carried = build_optimizer(model, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                    carry_from=carry if carry and carry.is_file() else None)
@@ -88,9 +105,15 @@ def run(recipe: str = "grpo_math", out: str | Path | None = None, *, engine: str
         time_budget_s: float | None = None, seed: int | None = None, data: str | None = None,
         reward: str | None = None, kernels: str | None = None, device: str | None = None,
         policy: str | None = None, resume: bool = False, overrides: dict[str, Any] | None = None,
-        hooks: Sequence[Callable] = (), progress: bool = True, log: Callable[[str], None] | None = None,
+        hooks: Sequence[Hook] = (), progress: bool = True, log: Callable[[str], None] | None = None,
         dry_run: bool = False, ray_address: str | None = None) -> dict:
-    """Runs an rl recipe; returns the eval figures (DIR/eval.json)."""
+    """Runs an rl recipe; returns the eval figures (DIR/eval.json).
+
+    hooks: `hook(step, row)` after every RL step (tpu_pipeline.training.Hook, as in train).
+    resume: continue DIR from its latest checkpoint; refused (UserError) when the
+    checkpoint is missing, corrupt or from a different config.
+    Raises DivergedError when the loss stays NaN/inf for trainer.max_nan_steps steps.
+    """
     log = log or _log_default
     if engine not in ENGINES:
         raise UserError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
@@ -99,7 +122,8 @@ def run(recipe: str = "grpo_math", out: str | Path | None = None, *, engine: str
                          kernels=kernels, device=device, policy=policy, overrides=overrides)
     out = Path(out) if out else Path("runs") / cfg.name
     if engine == "verl":
-        from .verl_bridge import launch
+        # heavy: the bridge composes VeRL's hydra config (hydra, omegaconf, verl)
+        from tpu_pipeline.rl.verl_bridge import launch
 
         return launch(cfg, out, dry_run=dry_run, ray_address=ray_address, log=log)
     if dry_run:
@@ -108,51 +132,39 @@ def run(recipe: str = "grpo_math", out: str | Path | None = None, *, engine: str
 
 
 def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool, log, t_wall: float) -> dict:
-    import torch
-
-    from .. import select_device
-    from . import checkpoint
-    from .data import build_source
-    from .engine import Engine, make_reference, set_threads, write_eval
-    from .metrics import MetricsLog, plot_curve
-    from .policy import save_policy
-    from .rewards import GuardedReward, load_reward
-
     threads = set_threads(cfg.trainer.threads)
-    platform = select_device(cfg.trainer.device)
-    ckpt = checkpoint.latest(out) if resume else None
-    if resume and ckpt is None:
-        raise UserError(f"--resume: no checkpoint under {out / 'checkpoints'}")
-    if not resume and (out / "metrics.jsonl").exists():
+    platform = tpu_pipeline.select_device(cfg.trainer.device)
+    # Refuses a missing, corrupt or foreign checkpoint before anything is written.
+    state = Engine.checkpointer_for(cfg, out).load(fingerprint(cfg)) if resume else None
+    if not resume and ((out / "metrics.jsonl").exists() or Engine.checkpointer_for(cfg, out).exists()):
         raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     source = build_source(cfg.data, cfg.trainer.seed)
     heldout = source.heldout()
     reward_fn = load_reward(cfg.trainer.reward)
     model, tok, opt, ws_info = _policy_and_optimizer(cfg, platform, log)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "config.json", to_dict(cfg))
+    if state is None:  # a resumed run keeps the config.json it started with (the checkpoint matched it)
+        atomic_write_json(out / "config.json", to_dict(cfg))
     guard = GuardedReward(reward_fn, cfg.trainer.reward_timeout_s)
     ref = make_reference(model) if (cfg.algorithm.use_kl_loss or cfg.trainer.track_kl) else None
     eng = Engine(cfg=cfg, model=model, tokenizer=tok, optimizer=opt, source=source, reward=guard, out=out,
                  device=platform.device, hooks=list(hooks), ref_model=ref)
     before_path = out / "eval_before.json"
-    if ckpt is not None:
+    if state is not None:
         before = json.loads(before_path.read_text())
-        eng.restore(ckpt)
-        log(f"resumed from {ckpt} (step {eng.step})")
+        eng.restore(state)
+        log(f"resumed from {eng.checkpointer.dir} (step {eng.step})")
     else:
         log(f"evaluating the starting policy on {len(heldout)} held-out problems")
         before = {**eng.evaluate(heldout, k=cfg.trainer.eval_k), "policy": ws_info["path"]}
         if not cfg.policy.path and hasattr(source, "unseen"):
-            from .policy import warm_start_overrides, warm_start_training_set
-
             ts = warm_start_training_set(cfg.policy.warm_start, warm_start_overrides(cfg))
             unseen = source.unseen(cfg.data.heldout_n, *ts) if ts else []
             if unseen:
                 before["unseen_accuracy"] = eng.evaluate(unseen)["accuracy"]
         atomic_write_json(before_path, before)
-    mlog = MetricsLog(out, progress=progress, total=cfg.trainer.steps)
-    mlog.truncate_after(eng.step)
+    mlog = MetricsWriter(out, total_steps=cfg.trainer.steps, start_step=eng.step, progress=progress,
+                         description="rl", tb_prefix="rl", fields=BAR_FIELDS, lines=False)
     try:
         with torch.random.fork_rng(devices=[]):
             eng.train(steps=cfg.trainer.steps, time_budget_s=cfg.trainer.time_budget_s, log=mlog, heldout=heldout)
@@ -186,8 +198,6 @@ def _unseen_by_warm_start(cfg: RLConfig, eng, source, before: dict) -> dict | No
     either (the arith_lm held-out definition): reported beside the main split."""
     if cfg.policy.path or not hasattr(source, "unseen"):
         return None
-    from .policy import warm_start_overrides, warm_start_training_set
-
     ts = warm_start_training_set(cfg.policy.warm_start, warm_start_overrides(cfg))
     if ts is None:
         return None
@@ -204,19 +214,13 @@ def _unseen_by_warm_start(cfg: RLConfig, eng, source, before: dict) -> dict | No
 def evaluate_policy(recipe: str, policy: str | Path, *, seed: int | None = None, n: int | None = None,
                     k: int | None = None, data: str | None = None, device: str | None = None) -> dict:
     """Accuracy of any policy folder on held-out problems (or fresh ones for `seed`)."""
-    from .. import select_device
-    from .data import build_source
-    from .evaluate import evaluate
-    from .policy import load_policy
-    from .rewards import GuardedReward, load_reward
-
     ov: dict[str, Any] = {}
     if n is not None:
         if n < 1:
             raise UserError(f"--n must be >= 1, got {n}")
         ov["data.heldout_n"] = n
     cfg = prepare_config(recipe, data=data, device=device, overrides=ov)
-    platform = select_device(cfg.trainer.device)
+    platform = tpu_pipeline.select_device(cfg.trainer.device)
     source = build_source(cfg.data, cfg.trainer.seed)
     if seed is None:
         problems, split = source.heldout(), "heldout"

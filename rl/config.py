@@ -11,8 +11,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
-from .. import config as _config
-from ..recipes import find_recipe
+from tpu_pipeline import config as _config
+from tpu_pipeline.recipes import find_recipe
+from tpu_pipeline.train.arith import Difficulty
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -32,6 +33,10 @@ class DataConfig:
     max_prompt_length: int = 32
     max_response_length: int = 12
     overlong_prompt: Literal["truncate", "refuse"] = "refuse"
+
+    def arith_difficulty(self) -> Difficulty:
+        """`difficulty` typed for tpu_pipeline.train.arith (unknown keys and bad values: UserError)."""
+        return Difficulty.from_dict(self.difficulty)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -118,3 +123,20 @@ def load_recipe(recipe: str | Path, overrides: dict[str, Any] | None = None) -> 
 
 def to_dict(cfg: RLConfig) -> dict:
     return _config.to_dict(cfg)
+
+
+# Fields a resumed run may change: how long it runs, how often it saves, logs and
+# evaluates, and where it runs. Everything else shapes the steps and must match.
+_RESUMABLE = {"trainer": ("steps", "time_budget_s", "save_every", "keep_checkpoints", "eval_every", "device",
+                          "threads")}
+
+
+def fingerprint(cfg: RLConfig) -> dict:
+    """What a checkpoint must agree with to be resumed (tpu_pipeline.checkpoint compares it)."""
+    d = to_dict(cfg)
+    for k in ("description", "verl"):
+        d.pop(k, None)
+    for section, keys in _RESUMABLE.items():
+        for k in keys:
+            d[section].pop(k, None)
+    return d

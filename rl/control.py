@@ -5,7 +5,10 @@ supervision instead of RL).
 
 It continues the warm start's optimizer (AdamW moments carried) at the
 learning rate its schedule ended on, with its batch size, on the RL prompt
-stream (held-out prompts excluded), and stops at the time budget.
+stream (held-out prompts excluded), and stops at the time budget. Batches
+and loss are arith_lm's own (tpu_pipeline.train.arith.lm_batch and
+lm_loss_sum); a NaN/inf loss stops it with the training core's
+DivergedError, as in train and rl.
 """
 
 from __future__ import annotations
@@ -14,40 +17,34 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from .config import RLConfig
-from .data import ArithSource
-from .evaluate import evaluate
-from .rewards import GuardedReward, load_reward
+from tpu_pipeline.errors import DivergedError
+from tpu_pipeline.rl.config import RLConfig
+from tpu_pipeline.rl.data import ArithSource
+from tpu_pipeline.rl.evaluate import evaluate
+from tpu_pipeline.rl.policy import build_optimizer, load_policy
+from tpu_pipeline.rl.rewards import GuardedReward, load_reward
+from tpu_pipeline.train import arith
 
 
 def supervised_control(cfg: RLConfig, warm_start_dir: str | Path, seconds: float, *, lr: float = 1e-4,
                        batch_size: int = 64, k: int = 0) -> dict:
-    from ..train import arith
-    from .policy import build_optimizer, load_policy
-
     ws = Path(warm_start_dir)
     model, tok = load_policy(ws / "hf")
     opt, carried = build_optimizer(model, lr=lr, weight_decay=0.0, carry_from=ws / "optimizer.pt")
-    source = ArithSource(cfg.data.tasks, cfg.data.difficulty, cfg.data.heldout_n)
+    source = ArithSource(cfg.data.tasks, cfg.data.arith_difficulty(), cfg.data.heldout_n)
     heldout = source.heldout()
     guard = GuardedReward(load_reward(cfg.trainer.reward), cfg.trainer.reward_timeout_s)
     score = lambda items: guard(items).scores  # noqa: E731
-    pad = tok.pad_token_id
     t0, steps = time.time(), 0
     model.train()
     while time.time() - t0 < seconds:
         probs = source.train_batch(steps, batch_size, cfg.trainer.seed + 7919)
-        enc = [arith.encode_example(tok, {"prompt": p.prompt, "answer": p.ground_truth}) for p in probs]
-        L = max(len(ids) for ids, _ in enc)
-        ids = torch.full((len(enc), L), pad, dtype=torch.long)
-        labels = torch.full((len(enc), L), -100, dtype=torch.long)
-        for i, (x, n_prompt) in enumerate(enc):
-            ids[i, : len(x)] = torch.tensor(x)
-            labels[i, n_prompt - 1: len(x) - 1] = torch.tensor(x[n_prompt:])
-        logits = model(input_ids=ids, use_cache=False).logits
-        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        ids, labels = arith.lm_batch(tok, [arith.Problem(p.prompt, p.ground_truth, p.data_source) for p in probs])
+        loss = arith.lm_loss_sum(model, ids, labels) / (labels != arith.IGNORE).sum()
+        if not torch.isfinite(loss):
+            raise DivergedError(f"diverged: the supervised control's loss became NaN/inf at step {steps + 1}; "
+                                f"the warm start in {ws} is unchanged; try a lower lr (bench/rl.py control --lr)")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

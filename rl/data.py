@@ -16,14 +16,20 @@ ability, reward_model.ground_truth, extra_info), so the local engine and
 from __future__ import annotations
 
 import hashlib
+import io
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import UserError
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-ARITH_TASKS = ("basic_arithmetic", "chain_sum")
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.files import atomic_write_bytes
+from tpu_pipeline.train import arith
+
+ARITH_TASKS = arith.TASKS
 OTHER_TASKS = ("gsm_symbolic",)
 GSM_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
@@ -62,21 +68,20 @@ def _seed(*parts: Any) -> int:
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
 
 
+def _from_arith(rows: Sequence[arith.Problem]) -> list[Problem]:
+    return [Problem(r.prompt, r.answer, r.data_source, "arithmetic") for r in rows]
+
+
 class ArithSource:
-    def __init__(self, tasks: Sequence[str], difficulty: dict, heldout_n: int):
+    def __init__(self, tasks: Sequence[str], difficulty: arith.Difficulty, heldout_n: int):
         bad = [t for t in tasks if t not in ARITH_TASKS + OTHER_TASKS]
         if not tasks or bad:
             raise UserError(f"unknown rl data task {bad[0] if bad else '(none)'!r}; "
                             f"valid: {', '.join(ARITH_TASKS + OTHER_TASKS)} (or --data FILE.parquet)")
         self.tasks = tuple(tasks)
-        self.difficulty = dict(difficulty)
+        self.difficulty = difficulty
         self.heldout_n = heldout_n
         self._heldout: list[Problem] | None = None
-
-    def _arith(self):
-        from ..train import arith
-
-        return arith
 
     def _make(self, n: int, seed: int, heldout: bool) -> list[Problem]:
         arith_tasks = [t for t in self.tasks if t in ARITH_TASKS]
@@ -84,12 +89,12 @@ class ArithSource:
         shares = _split(n, len(arith_tasks) > 0, len(other))
         out: list[Problem] = []
         if arith_tasks and shares[0]:
-            arith = self._arith()
             if heldout:
-                rows = arith.heldout_problems(shares[0], tasks=arith_tasks, **self.difficulty)
+                rows = arith.heldout_problems(shares[0], tasks=arith_tasks, difficulty=self.difficulty)
             else:
-                rows = arith.make_problems(shares[0], seed % arith.HELDOUT_SEED, tasks=arith_tasks, **self.difficulty)
-            out += [Problem(r["prompt"], str(r["answer"]), r["data_source"], "arithmetic") for r in rows]
+                rows = arith.make_problems(shares[0], seed % arith.HELDOUT_SEED, tasks=arith_tasks,
+                                           difficulty=self.difficulty)
+            out += _from_arith(rows)
         for task, k in zip(other, shares[1:]):
             out += _gym(task, k, seed + (10**9 if heldout else 0))
         return out
@@ -103,11 +108,10 @@ class ArithSource:
         """Held-out problems whose prompts the warm start never trained on either (arith's
         own held-out definition: `exclude` = the warm start's training problems). In small
         problem spaces they are few distinct prompts, repeated."""
-        arith = self._arith()
         tasks = [t for t in self.tasks if t in ARITH_TASKS]
-        seen = arith.make_problems(train_problems, train_seed, tasks=tasks, **self.difficulty)
-        rows = arith.heldout_problems(n, tasks=tasks, exclude=seen, **self.difficulty)
-        return [Problem(r["prompt"], str(r["answer"]), r["data_source"], "arithmetic") for r in rows]
+        seen = arith.make_problems(train_problems, train_seed, tasks=tasks, difficulty=self.difficulty)
+        rows = arith.heldout_problems(n, tasks=tasks, exclude=seen, difficulty=self.difficulty)
+        return _from_arith(rows)
 
     def fresh(self, n: int, seed: int) -> list[Problem]:
         """Problems from a generator seed of the caller's choice (for `eval --seed`)."""
@@ -136,6 +140,7 @@ def _split(n: int, has_arith: bool, n_other: int) -> list[int]:
 
 
 def _gym(task: str, n: int, seed: int) -> list[Problem]:
+    # heavy: reasoning_gym imports every task family it ships (~1 s)
     import reasoning_gym
 
     if n <= 0:
@@ -180,8 +185,6 @@ class ParquetSource:
 
 def read_parquet(path: str | Path) -> list[Problem]:
     """Rows in VeRL's schema -> Problems; a malformed row fails with its row number."""
-    import pyarrow.parquet as pq
-
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--data {path}: file not found")
@@ -220,13 +223,6 @@ def _row(path: Path, i: int, r: dict) -> Problem:
 
 def write_parquet(problems: Sequence[Problem], path: str | Path, split: str) -> Path:
     """Problems -> a parquet file VeRL's RLHFDataset reads (written atomically)."""
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from ..files import atomic_write_bytes
-
     table = pa.Table.from_pylist([p.to_row(i, split) for i, p in enumerate(problems)])
     buf = io.BytesIO()
     pq.write_table(table, buf)
@@ -238,4 +234,4 @@ def build_source(data_cfg, seed: int, file: str = ""):
     file = file or data_cfg.file
     if file:
         return ParquetSource(file, data_cfg.heldout_n, seed)
-    return ArithSource(data_cfg.tasks, data_cfg.difficulty, data_cfg.heldout_n)
+    return ArithSource(data_cfg.tasks, data_cfg.arith_difficulty(), data_cfg.heldout_n)

@@ -3,8 +3,11 @@ loss, on one device (CPU, CUDA or TPU through the device runtime).
 
     tpu-pipeline rl --recipe grpo_math                # CPU: ~15 min, warm start included
 
-The loop has hooks (`on_step_end(engine, row)`), not forks: a recipe or a test
-that needs to act between steps adds a hook.
+The loop has hooks, not forks: a recipe or a test that needs to act between
+steps adds a `hook(step, row)` (tpu_pipeline.training.Hook, the signature
+train's loop calls too). Checkpoints, metrics, the learning-rate schedule and
+the divergence error are the training core train uses as well
+(tpu_pipeline.checkpoint, .metrics, .schedule, .training).
 
 Where it departs from the GRPO paper (DeepSeekMath) and VeRL's defaults, and why:
 - the optimizer carries the warm start's AdamW moments (a fresh Adam collapsed
@@ -25,28 +28,28 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from ..errors import UserError
-from ..files import atomic_write_json
-from . import algo, checkpoint
-from .config import RLConfig
-from .data import Problem, _seed
-from .evaluate import decode, encode_prompts, evaluate
-from .metrics import MetricsLog
-from .rewards import GuardedReward
-from .rollout import generate, grouped_token_logprobs, token_logprobs
+from tpu_pipeline.checkpoint import Checkpointer
+from tpu_pipeline.files import atomic_write_json
+from tpu_pipeline.metrics import MetricsWriter
+from tpu_pipeline.rl import algo
+from tpu_pipeline.rl.config import RLConfig, fingerprint
+from tpu_pipeline.rl.data import Problem, _seed
+from tpu_pipeline.rl.evaluate import decode, encode_prompts, evaluate
+from tpu_pipeline.rl.rewards import GuardedReward
+from tpu_pipeline.rl.rollout import generate, grouped_token_logprobs, token_logprobs
+from tpu_pipeline.schedule import lr_factor
+from tpu_pipeline.training import Hook, call_hooks, diverged
 
 
 # Without a KL loss, the KL to the warm start is only logged: every KL_EVERY steps
 # (a reference forward pass costs about a third of an update).
 KL_EVERY = 5
 
-
-class NaNLossError(UserError):
-    """The loss was not finite in too many consecutive steps."""
+RESUME_HINT = ("resume with the same recipe, --set overrides, --seed and --policy (only --steps, "
+               "--time-budget and logging may change), or use another --out")
 
 
 @dataclass
@@ -59,13 +62,21 @@ class Engine:
     reward: GuardedReward
     out: Path
     device: object
-    hooks: list[Callable] = field(default_factory=list)
+    hooks: list[Hook] = field(default_factory=list)
     ref_model: object = None
     step: int = 0
     elapsed: float = 0.0
     nan_streak: int = 0
+    last_saved: int | None = None  # step of the newest checkpoint on disk
     totals: dict = field(default_factory=lambda: {"reward_errors": 0, "reward_timeouts": 0, "nan_steps": 0,
                                                   "skipped_steps": 0})
+
+    def __post_init__(self):
+        self.checkpointer = self.checkpointer_for(self.cfg, self.out)
+
+    @staticmethod
+    def checkpointer_for(cfg: RLConfig, out: Path) -> Checkpointer:
+        return Checkpointer(out, keep=cfg.trainer.keep_checkpoints, resume_hint=RESUME_HINT)
 
     def score(self, items) -> list[float]:
         rep = self.reward(items)
@@ -75,8 +86,9 @@ class Engine:
         return rep.scores
 
     def lr_at(self, step: int) -> float:
+        """Linear warm-up, then constant (the shared schedule with min_ratio=1: no decay)."""
         o = self.cfg.optim
-        return o.lr * min(1.0, (step + 1) / max(o.warmup_steps, 1))
+        return o.lr * lr_factor(step, total=self.cfg.trainer.steps, warmup=o.warmup_steps, min_ratio=1.0)
 
     def evaluate(self, problems, *, k: int = 0) -> dict:
         d, t = self.cfg.data, self.cfg.trainer
@@ -197,12 +209,13 @@ class Engine:
         self.totals["nan_steps"] += 1
         k = self.cfg.trainer.max_nan_steps
         if self.nan_streak >= k:
-            raise NaNLossError(f"the {what} was NaN/inf in {self.nan_streak} consecutive steps (step {self.step + 1}); "
-                               f"stopped (trainer.max_nan_steps={k}); try a lower optim.lr")
+            raise diverged(f"the {what} was NaN/inf in {self.nan_streak} consecutive steps, the last at step "
+                           f"{self.step + 1} (trainer.max_nan_steps={k})", checkpoint_dir=self.checkpointer.dir,
+                           last_good=self.last_saved, lr_key="optim.lr")
         return {"skipped": f"non-finite {what}", "nan": 1}
 
     # ---------------------------------------------------------------- the loop
-    def train(self, *, steps: int, time_budget_s: float, log: MetricsLog, heldout: list[Problem]) -> None:
+    def train(self, *, steps: int, time_budget_s: float, log: MetricsWriter, heldout: list[Problem]) -> None:
         t = self.cfg.trainer
         while self.step < steps and not (time_budget_s and self.elapsed >= time_budget_s):
             t0 = time.time()
@@ -217,18 +230,23 @@ class Engine:
             log.log(row)
             if t.save_every and self.step % t.save_every == 0:
                 self.save_checkpoint()
-            for hook in self.hooks:
-                hook(self, row)
+            call_hooks(self.hooks, self.step, row)
 
     def save_checkpoint(self) -> Path:
-        return checkpoint.save(self.out, self.step, self.model, self.optimizer,
-                               {"elapsed": self.elapsed, "nan_streak": self.nan_streak, "totals": self.totals},
-                               self.cfg.trainer.keep_checkpoints)
+        path = self.checkpointer.save(self.step, config=fingerprint(self.cfg), state={
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "trainer": {"elapsed": self.elapsed, "nan_streak": self.nan_streak, "totals": self.totals}})
+        self.last_saved = self.step
+        return path
 
-    def restore(self, path: Path) -> None:
-        st = checkpoint.load(path, self.model, self.optimizer)
-        self.step, self.elapsed = int(st["step"]), float(st["elapsed"])
-        self.nan_streak, self.totals = int(st["nan_streak"]), dict(st["totals"])
+    def restore(self, state: dict) -> None:
+        """Continues from a checkpoint `Checkpointer.load` returned (already checked)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        t = state["trainer"]
+        self.step, self.elapsed = int(state["step"]), float(t["elapsed"])
+        self.nan_streak, self.totals = int(t["nan_streak"]), dict(t["totals"])
+        self.last_saved = self.step
 
 
 def _plain_logprobs(kernels: str, device) -> bool:
@@ -263,6 +281,3 @@ def make_reference(model):
 def write_eval(out: Path, evals: dict) -> None:
     atomic_write_json(out / "eval.json", evals)
 
-
-def env_threads() -> int:
-    return int(os.environ.get("TPU_PIPELINE_THREADS", "0") or 0)

@@ -8,13 +8,12 @@ from typing import Callable, Sequence
 
 import torch
 
-from .data import Problem
-from .rollout import generate
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.rl.data import Problem
+from tpu_pipeline.rl.rollout import generate
 
 
 def encode_prompts(tokenizer, problems: Sequence[Problem], max_len: int, overlong: str) -> list[list[int]]:
-    from ..errors import UserError
-
     out = []
     for i, p in enumerate(problems):
         ids = tokenizer(p.prompt_text(tokenizer))["input_ids"]

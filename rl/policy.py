@@ -15,8 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from ..files import atomic_write_json, staged_dir
+import torch
+
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.files import atomic_write_json, staged_dir
+from tpu_pipeline.recipes import find_recipe
+from tpu_pipeline.train import runner as train_runner
 
 
 def home() -> Path:
@@ -26,7 +30,8 @@ def home() -> Path:
 def warm_start_overrides(cfg) -> dict[str, Any]:
     """The train overrides of grpo_math's warm start: its task and difficulty follow
     the rl recipe's data section (so the two cannot drift apart), then any explicit
-    policy.warm_start_overrides (budget, model size)."""
+    policy.warm_start_overrides (budget, model size). These are `--set` overrides of
+    the train recipe, checked by train's typed config like any other."""
     ov: dict[str, Any] = {}
     if not cfg.data.file and cfg.data.tasks != ["basic_arithmetic", "chain_sum"]:
         ov["arith.tasks"] = list(cfg.data.tasks)
@@ -37,21 +42,14 @@ def warm_start_overrides(cfg) -> dict[str, Any]:
 
 
 def warm_start_training_set(recipe: str, overrides: dict[str, Any]) -> tuple[int, int] | None:
-    """(n_train, seed) of a warm start's training problems, read from its train recipe."""
-    import tomllib
-
-    from ..recipes import find_recipe
-
-    data = tomllib.loads(find_recipe("train", recipe).read_text())
-    n = overrides.get("arith.n_train", data.get("arith", {}).get("n_train"))
-    seed = overrides.get("seed", data.get("seed", 0))
-    return (int(n), int(seed)) if n is not None else None
+    """(n_train, seed) of a warm start's training problems, from its typed train recipe
+    (None when that recipe does not train on arithmetic)."""
+    _, r = train_runner.load_recipe(recipe, overrides or None)
+    return (r.arith.n_train, r.seed) if r.task == "arith_lm" else None
 
 
 def warm_start_key(recipe: str, overrides: dict[str, Any]) -> str:
     """Content hash of the train recipe file and the overrides grpo_math applies."""
-    from ..recipes import find_recipe
-
     path = find_recipe("train", recipe)
     h = hashlib.sha256(path.read_bytes())
     h.update(json.dumps(overrides, sort_keys=True, default=str).encode())
@@ -67,12 +65,10 @@ def warm_start(recipe: str, overrides: dict[str, Any], *, device: str = "auto", 
     info = {"recipe": recipe, "overrides": overrides, "path": str(final / "hf"), "cached": True, "seconds": 0.0}
     if (final / "hf" / "config.json").is_file():
         return final, info
-    from .. import train
-
     log(f"warm start: training {recipe} (cached afterwards at {final})")
     t0 = time.time()
     with staged_dir(final) as stage:
-        train.run(recipe, stage, device=device, kernels=kernels, overrides=overrides or None)
+        train_runner.run(recipe, stage, device=device, kernels=kernels, overrides=overrides or None)
         if not (stage / "hf" / "config.json").is_file():
             raise UserError(f"warm start {recipe}: train.run wrote no hf/ folder")
         atomic_write_json(stage / "warm_start.json", {"recipe": recipe, "overrides": overrides,
@@ -83,7 +79,7 @@ def warm_start(recipe: str, overrides: dict[str, Any], *, device: str = "auto", 
 
 def load_policy(path: str | Path, device=None):
     """(model, tokenizer) from a Hugging Face folder, in float32 on `device`."""
-    import torch
+    # heavy: transformers takes seconds to import (it pulls in torchao)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -125,8 +121,6 @@ def build_optimizer(model, *, lr: float, weight_decay: float, carry_from: str | 
     cause of GRPO collapsing this tiny model; carrying the moments keeps its
     per-parameter step sizes where supervised training left them.
     """
-    import torch
-
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = dict(model.named_parameters())
     if carry_from is None or not Path(carry_from).is_file():

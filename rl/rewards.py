@@ -17,13 +17,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import UserError
+from tpu_pipeline.errors import UserError
 
 DEFAULT_REWARD = "tpu_pipeline.rl.rewards:compute_score"
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs) -> float:
     """VeRL's scorer for its known data sources; strict `#### <answer>` otherwise."""
+    # heavy: verl's scorers import its math libraries (seconds); a custom --reward never needs them
     from verl.utils.reward_score import default_compute_score
     from verl.utils.reward_score import gsm8k
 

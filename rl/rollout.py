@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tpu_pipeline.kernels import linear_token_logprobs
+
 
 @dataclass
 class Rollout:
@@ -108,17 +110,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 def _linear_token_logprobs(kernels: str):
-    if kernels == "torch":
-        return None
-    try:
-        from ..kernels import linear_token_logprobs
-    except ImportError:
-        if kernels == "pallas":
-            from ..errors import UserError
-
-            raise UserError("--kernels pallas: tpu_pipeline.kernels.linear_token_logprobs is not available") from None
-        return None
-    return linear_token_logprobs
+    return None if kernels == "torch" else linear_token_logprobs
 
 
 def grouped_token_logprobs(model, prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,

@@ -20,19 +20,15 @@ import os
 from types import ModuleType
 from typing import Any, Optional
 
-from .._tpu_guard import tpu_hardware_present
+import torch
+import torch.distributed as dist
+
+from tpu_pipeline._tpu_guard import tpu_hardware_present
 
 PLATFORM_NAME = "tpu"
 
 
-def _torch():
-    import torch
-
-    return torch
-
-
 def _tpu() -> ModuleType:
-    torch = _torch()
     importlib.import_module("torch_tpu")  # registers torch.tpu
     tpu = getattr(torch, "tpu", None)
     if tpu is None:
@@ -41,6 +37,7 @@ def _tpu() -> ModuleType:
 
 
 def _platform_class():
+    # heavy: verl's plugin package imports its trainer utilities; only TPU hosts register
     from verl.plugin.platform import PlatformBase
 
     class PlatformTPU(PlatformBase):
@@ -87,7 +84,7 @@ def _platform_class():
 
         def manual_seed(self, seed: int) -> None:
             tpu = _tpu()
-            (tpu.manual_seed if hasattr(tpu, "manual_seed") else _torch().manual_seed)(seed)
+            (tpu.manual_seed if hasattr(tpu, "manual_seed") else torch.manual_seed)(seed)
 
         def manual_seed_all(self, seed: int) -> None:
             tpu = _tpu()
@@ -108,8 +105,6 @@ def _platform_class():
             override = os.environ.get("TPU_PIPELINE_TPU_DIST_BACKEND")
             if override:
                 return override
-            import torch.distributed as dist
-
             return "tpu" if "tpu" in getattr(dist.Backend, "backend_list", []) else "gloo"
 
         def visible_devices_envvar(self) -> str:
@@ -147,7 +142,7 @@ def register():
     """Registers the TPU platform with VeRL (idempotent); returns its class."""
     global _registered
     if _registered is None:
-        from verl.plugin.platform import PlatformRegistry
+        from verl.plugin.platform import PlatformRegistry  # heavy: see _platform_class
 
         _registered = PlatformRegistry.register(platform=PLATFORM_NAME)(_platform_class())
     return _registered

@@ -25,9 +25,21 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ..errors import UserError
-from ..files import atomic_write_text
-from .config import RLConfig
+import torch
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from tpu_pipeline._tpu_guard import tpu_hardware_present
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.files import atomic_write_text
+from tpu_pipeline.rl.algo import resolve
+from tpu_pipeline.rl.config import RLConfig
+from tpu_pipeline.rl.data import build_source, write_parquet
+from tpu_pipeline.rl.policy import home, warm_start, warm_start_key, warm_start_overrides
 
 VERL_ENTRY = ["-m", "verl.trainer.main_ppo"]
 
@@ -46,8 +58,6 @@ def _b(v: bool) -> str:
 def hydra_overrides(cfg: RLConfig, *, train_file: Path, val_file: Path, policy_path: str, out: Path,
                     device: str = "cuda") -> list[str]:
     """Recipe fields -> VeRL hydra overrides (key=value), one to one."""
-    from .algo import resolve
-
     alg, t, d, r, o, v = cfg.algorithm, cfg.trainer, cfg.data, cfg.rollout, cfg.optim, cfg.verl
     a = resolve(alg)
     mod, fn = t.reward.split(":", 1)
@@ -107,12 +117,6 @@ def hydra_overrides(cfg: RLConfig, *, train_file: Path, val_file: Path, policy_p
 
 def compose(overrides: list[str]):
     """VeRL's ppo_trainer.yaml with `overrides`, composed by hydra (no GPU needed)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
@@ -125,10 +129,6 @@ def compose(overrides: list[str]):
 
 def accelerator_here() -> str | None:
     """The accelerator VeRL could use on this machine: 'cuda', 'npu', 'tpu' or None."""
-    import torch
-
-    from .._tpu_guard import tpu_hardware_present
-
     if torch.cuda.is_available() and torch.cuda.device_count():
         return "cuda"
     if importlib.util.find_spec("torch_npu") is not None:
@@ -146,8 +146,6 @@ def command(overrides: list[str], ray_address: str | None) -> list[str]:
 
 def prepare(cfg: RLConfig, out: Path, *, log: Callable[[str], None], device: str) -> tuple[list[str], Path]:
     """Writes DIR/verl/{train,val}.parquet and returns (overrides, policy path)."""
-    from .data import build_source, write_parquet
-
     source = build_source(cfg.data, cfg.trainer.seed)
     vdir = out / "verl"
     n_train = max(cfg.trainer.prompts_per_step * min(cfg.trainer.steps, 1000), cfg.trainer.prompts_per_step)
@@ -161,8 +159,6 @@ def prepare(cfg: RLConfig, out: Path, *, log: Callable[[str], None], device: str
     if cfg.policy.path:
         policy_path = str(Path(cfg.policy.path).resolve())
     else:
-        from .policy import home, warm_start, warm_start_key, warm_start_overrides
-
         ws_ov = warm_start_overrides(cfg)
         cached = home() / "warm_start" / warm_start_key(cfg.policy.warm_start, ws_ov) / "hf"
         if not (cached / "config.json").is_file() and accelerator_here() is not None:
@@ -174,8 +170,6 @@ def prepare(cfg: RLConfig, out: Path, *, log: Callable[[str], None], device: str
 
 
 def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, log: Callable[[str], None]) -> dict:
-    from omegaconf import OmegaConf
-
     accel = accelerator_here()
     device = accel or ("cuda" if cfg.trainer.device in ("auto", "cpu") else cfg.trainer.device)
     if cfg.trainer.device in ("cuda", "tpu", "npu"):

@@ -4,7 +4,7 @@
     run("digits_cnn", "runs/digits")        # -> held-out figures, also in runs/digits/eval.json
 
 Recipes are TOML files in train/recipes/; `arith` is the arithmetic task
-module rl builds on.
+module rl builds on (typed: arith.Difficulty, arith.Problem).
 """
 
 if __name__ != "tpu_pipeline.train":
@@ -14,8 +14,9 @@ if __name__ != "tpu_pipeline.train":
 
 
 def run(*args, **kwargs):
-    """See `tpu_pipeline.train.runner.run` (imported lazily: torch is heavy)."""
-    from .runner import run as _run
+    """See `tpu_pipeline.train.runner.run`."""
+    # CLI start-up time: runner imports torch, transformers and the kernels
+    from tpu_pipeline.train.runner import run as _run
 
     return _run(*args, **kwargs)
 

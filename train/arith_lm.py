@@ -9,19 +9,18 @@ tells rl whether sampling finds answers greedy decoding misses.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from ..files import atomic_write_bytes, staged_dir
-from . import arith
-from .config import difficulty, model_config
-from .manifest import write_model
-from .tasks import TASKS, Task
-
-IGNORE = -100
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.files import atomic_write_bytes, staged_dir
+from tpu_pipeline.train import arith
+from tpu_pipeline.train.arith import IGNORE
+from tpu_pipeline.train.manifest import write_model
+from tpu_pipeline.train.task import TASKS, Task
 
 
 @TASKS.register("arith_lm")
@@ -30,30 +29,24 @@ class ArithTask(Task):
         super().__init__(recipe, recipe_name)
         a = recipe.arith
         self.tokenizer = arith.build_tokenizer()
-        self.train_problems = arith.make_problems(a.n_train, seed=recipe.seed, tasks=a.tasks, **difficulty(a))
+        self.train_problems = arith.make_problems(a.n_train, seed=recipe.seed, tasks=a.tasks,
+                                                  difficulty=a.difficulty())
         self.heldout = arith.heldout_problems(a.n_heldout, tasks=a.tasks, exclude=self.train_problems,
-                                              **difficulty(a))
-        encoded = [arith.encode_example(self.tokenizer, p) for p in self.train_problems]
-        self.seq_len = max(len(ids) for ids, _ in encoded)
+                                              difficulty=a.difficulty())
+        # One fixed length (the longest example) so a compiled step sees one shape.
+        self.ids, self.labels = arith.lm_batch(self.tokenizer, self.train_problems)
+        self.seq_len = self.ids.shape[1]
         if self.seq_len > a.max_position_embeddings:
-            from ..errors import UserError
-
             raise UserError(f"arith: problems need {self.seq_len} tokens but max_position_embeddings is "
                             f"{a.max_position_embeddings}")
-        pad = self.tokenizer.pad_token_id
-        self.ids = torch.full((len(encoded), self.seq_len), pad, dtype=torch.int64)
-        self.labels = torch.full((len(encoded), self.seq_len), IGNORE, dtype=torch.int64)
-        for i, (ids, n_prompt) in enumerate(encoded):
-            self.ids[i, : len(ids)] = torch.tensor(ids)
-            # Label at position t is the token at t+1: only target tokens count.
-            self.labels[i, n_prompt - 1: len(ids) - 1] = torch.tensor(ids[n_prompt:])
-        self.num_train = len(encoded)
-        self.max_new_tokens = max(len(arith.target_text(p["answer"])) for p in self.train_problems + self.heldout) + 2
+        self.num_train = len(self.train_problems)
+        self.max_new_tokens = max(len(arith.target_text(p.answer)) for p in self.train_problems + self.heldout) + 2
 
     def model_kwargs(self) -> dict:
-        return arith.llama_kwargs(self.tokenizer, **model_config(self.recipe.arith))
+        return arith.llama_kwargs(self.tokenizer, **self.recipe.arith.model_config())
 
     def build_model(self):
+        # heavy: transformers takes seconds to import; runner imports this module for digits runs too
         from transformers import LlamaConfig, LlamaForCausalLM
 
         return LlamaForCausalLM(LlamaConfig(**self.model_kwargs()))
@@ -65,11 +58,7 @@ class ArithTask(Task):
         return int((batch["labels"] != IGNORE).sum())
 
     def loss_sum(self, model, batch):
-        # Right padding after the last target token: real tokens never attend to
-        # pads under the causal mask, so no attention mask is needed.
-        logits = model(input_ids=batch["input_ids"], use_cache=False).logits
-        return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE,
-                               reduction="sum")
+        return arith.lm_loss_sum(model, batch["input_ids"], batch["labels"])
 
     @torch.no_grad()
     def generate(self, model, prompts: list[str], device, *, sample: bool = False, n: int = 1,
@@ -92,30 +81,28 @@ class ArithTask(Task):
 
     def evaluate(self, model, device) -> dict[str, Any]:
         a = self.recipe.arith
-        greedy = self.generate(model, [p["prompt"] for p in self.heldout], device)
-        correct = [arith.score(c[0], p["answer"]) for c, p in zip(greedy, self.heldout)]
+        greedy = self.generate(model, [p.prompt for p in self.heldout], device)
+        correct = [arith.score(c[0], p.answer) for c, p in zip(greedy, self.heldout)]
         res: dict[str, Any] = {"accuracy": sum(correct) / len(correct), "n": len(correct),
                                "metric": "greedy exact match (verl gsm8k strict)",
-                               "examples": [{"prompt": p["prompt"], "completion": c[0], "answer": p["answer"]}
+                               "examples": [{"prompt": p.prompt, "completion": c[0], "answer": p.answer}
                                             for p, c in list(zip(self.heldout, greedy))[:5]]}
         if a.pass_k and a.n_pass_k:
             probs = self.heldout[: a.n_pass_k]
             torch.manual_seed(self.recipe.seed)  # sampling in eval must not depend on the training RNG
-            samples = self.generate(model, [p["prompt"] for p in probs], device, sample=True, n=a.pass_k,
+            samples = self.generate(model, [p.prompt for p in probs], device, sample=True, n=a.pass_k,
                                     batch_size=max(1, 256 // a.pass_k))
-            hits = [max(arith.score(c, p["answer"]) for c in cs) for cs, p in zip(samples, probs)]
-            mean = [sum(arith.score(c, p["answer"]) for c in cs) / len(cs) for cs, p in zip(samples, probs)]
+            hits = [max(arith.score(c, p.answer) for c in cs) for cs, p in zip(samples, probs)]
+            mean = [sum(arith.score(c, p.answer) for c in cs) / len(cs) for cs, p in zip(samples, probs)]
             res[f"pass@{a.pass_k}"] = sum(hits) / len(hits)
             res["sample_accuracy"] = sum(mean) / len(mean)
             res["n_pass_k"] = len(probs)
         return res
 
     def export(self, model, out: Path, *, optimizer, metrics) -> None:
-        import io
-
-        ex = self.tokenizer(self.heldout[0]["prompt"], return_tensors="pt")["input_ids"]
+        ex = self.tokenizer(self.heldout[0].prompt, return_tensors="pt")["input_ids"]
         # Calibration rows: training prompts of the example's token length (one static shape).
-        same = [p["prompt"] for p in self.train_problems if len(p["prompt"]) + 1 == ex.shape[1]][:64]
+        same = [p.prompt for p in self.train_problems if len(p.prompt) + 1 == ex.shape[1]][:64]
         calib = self.tokenizer(same, return_tensors="pt")["input_ids"] if same else ex
         write_model(
             out / "model.pt", model_class="tpu_pipeline.train.models.causal_lm:LlamaLM",

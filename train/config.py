@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from ..errors import UserError
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.train.arith import Difficulty
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -64,6 +65,17 @@ class ArithConfig:
     max_position_embeddings: int = 64  # longest prompt + answer in tokens
     pass_k: int = 8                  # eval.json also reports pass@k at temperature 1 (0: skip)
     n_pass_k: int = 200              # held-out problems used for pass@k
+
+    def difficulty(self) -> Difficulty:
+        """The typed difficulty of arith.make_problems (checked: bad values are a UserError)."""
+        return Difficulty(min_terms=self.min_terms, max_terms=self.max_terms, min_digits=self.min_digits,
+                          max_digits=self.max_digits, operators=tuple(self.operators))
+
+    def model_config(self) -> dict:
+        """LlamaConfig sizes (arith.llama_kwargs adds the tokenizer's ids)."""
+        return {k: getattr(self, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                              "num_attention_heads", "num_key_value_heads",
+                                              "max_position_embeddings")}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -139,14 +151,9 @@ def validate(r: Recipe, where: str) -> Recipe:
             bad("arith model sizes must be >= 1")
         if a.pass_k < 0 or a.n_pass_k < 0:
             bad("arith.pass_k and arith.n_pass_k must be >= 0")
+        try:
+            a.difficulty()
+        except UserError as e:
+            bad(str(e))
     return r
 
-
-def difficulty(a: ArithConfig) -> dict:
-    return {"min_terms": a.min_terms, "max_terms": a.max_terms, "min_digits": a.min_digits,
-            "max_digits": a.max_digits, "operators": tuple(a.operators)}
-
-
-def model_config(a: ArithConfig) -> dict:
-    return {k: getattr(a, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                       "num_attention_heads", "num_key_value_heads", "max_position_embeddings")}

@@ -12,15 +12,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .manifest import write_model
-from .models.digits_cnn import DigitsCNN
-from .tasks import TASKS, Task
+from tpu_pipeline.train.manifest import write_model
+from tpu_pipeline.train.models.digits_cnn import DigitsCNN
+from tpu_pipeline.train.task import TASKS, Task
 
 CALIBRATION_ROWS = 64  # training images shipped in model.pt for int8 calibration
 
 
 def load_split(test_fraction: float, split_seed: int):
     """(x_train, y_train, x_test, y_test): x float32 (N, 1, 8, 8) raw 0..16, y int64."""
+    # heavy: scikit-learn takes about a second to import; only digits runs need it
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 

@@ -14,7 +14,10 @@ import os
 import subprocess
 import sys
 
-from ..errors import NotBuiltError, PipelineError
+import torch
+import torch.distributed as dist
+
+from tpu_pipeline.errors import NotBuiltError, PipelineError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +39,6 @@ def init(platform) -> DistInfo:
     """Joins the process group torchrun set up; single process otherwise."""
     if not under_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
         return DistInfo()
-    import torch
-    import torch.distributed as dist
-
     if platform.kind == "tpu":
         raise NotBuiltError("data-parallel training on TPU is not built yet (use --nproc 1)")
     info = DistInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
@@ -50,16 +50,12 @@ def init(platform) -> DistInfo:
 
 
 def device_for(platform, info: DistInfo):
-    import torch
-
     if platform.kind == "cuda":
         return torch.device("cuda", info.local_rank)
     return platform.device
 
 
 def shutdown() -> None:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

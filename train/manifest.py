@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from ..files import atomic_write_bytes
+from tpu_pipeline.files import atomic_write_bytes
 
 FORMAT = "tpu-pipeline/model@1"
 
@@ -50,8 +51,6 @@ def write_model(path: Path, *, model_class: str, model_kwargs: dict, state_dict:
 
 def load_model(path: Path, map_location: str = "cpu") -> torch.nn.Module:
     """Rebuilds the model a manifest describes (what convert does), in eval mode."""
-    import importlib
-
     m = torch.load(path, map_location=map_location, weights_only=True)
     if m.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} manifest")

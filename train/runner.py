@@ -8,23 +8,36 @@ kernels choice, and on --resume the checkpoint (checksum, format, config).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..config import load
-from ..errors import NotBuiltError, UserError
-from ..recipes import find_recipe
-from . import distributed
-from .checkpoint import Checkpointer
-from .config import Recipe, validate
+import tpu_pipeline
+from tpu_pipeline.checkpoint import Checkpointer
+from tpu_pipeline.config import load
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.kernels import use_kernels
+from tpu_pipeline.recipes import find_recipe
+from tpu_pipeline.train import arith_lm, digits, distributed
+from tpu_pipeline.train.config import Recipe, validate
+from tpu_pipeline.train.loop import train
+from tpu_pipeline.train.task import TASKS, Task
+from tpu_pipeline.training import Hook
 
+# --kernels: "pallas" is our hand-written Pallas kernels (tpu_pipeline.kernels),
+# not Inductor's Pallas code generator (--inductor-pallas).
 KERNELS = ("auto", "pallas", "torch")
+_TASK_MODULES = (arith_lm, digits)  # imported for their @TASKS.register
 
 
 def load_recipe(recipe: str, overrides: dict[str, Any] | None = None) -> tuple[str, Recipe]:
     path = find_recipe("train", recipe)
     return path.stem, validate(load(Recipe, path, overrides), str(path))
+
+
+def get_task(recipe: Recipe, recipe_name: str) -> Task:
+    return TASKS.get(recipe.task)(recipe, recipe_name)
 
 
 def fingerprint(r: Recipe) -> dict:
@@ -41,14 +54,18 @@ def default_out(name: str) -> Path:
 
 
 def run(recipe: str, out: str | Path | None = None, *, device: str = "auto", steps: int | None = None,
-        compile: bool | None = None, pallas: bool = False, kernels: str = "auto", resume: bool = False,
+        compile: bool | None = None, inductor_pallas: bool = False, kernels: str = "auto", resume: bool = False,
         seed: int | None = None, nproc: int = 1, overrides: dict[str, Any] | None = None,
-        hooks: Iterable = (), progress: bool | None = None) -> dict:
+        hooks: Iterable[Hook] = (), progress: bool | None = None) -> dict:
     """Trains `recipe` into `out` and returns the held-out figures (also in out/eval.json).
 
-    hooks: callables `hook(step, row)` run after every step in this process (not
-    forwarded to the processes `nproc > 1` launches). progress: the rich progress bar
-    (None: when stderr is a terminal).
+    inductor_pallas: compile with Inductor's Pallas code generator (implies compile).
+    kernels: attention/RMSNorm of Llama models: "pallas" (tpu_pipeline.kernels'
+    hand-written Pallas kernels), "torch", or "auto".
+    hooks: `hook(step, row)` (tpu_pipeline.training.Hook) run after every step in this
+    process (not forwarded to the processes `nproc > 1` launches). progress: the rich
+    progress bar (None: when stderr is a terminal).
+    Raises DivergedError when the loss or gradients become NaN/inf.
     """
     ov = dict(overrides or {})
     if steps is not None:
@@ -66,11 +83,9 @@ def run(recipe: str, out: str | Path | None = None, *, device: str = "auto", ste
     world = int(os.environ["WORLD_SIZE"]) if distributed.under_torchrun() else nproc
     if r.loop.batch_size % world:
         raise UserError(f"loop.batch_size ({r.loop.batch_size}) must be divisible by the number of processes ({world})")
-    from .. import select_device
-
-    platform = select_device(device)
+    platform = tpu_pipeline.select_device(device)
     config = fingerprint(r)
-    ckpt = Checkpointer(out)
+    ckpt = Checkpointer(out, resume_hint="resume with the same recipe, --steps and --seed, or use another --out")
     if resume:
         ckpt.load(config)  # refuses a missing, corrupt or foreign checkpoint before anything is written
     elif ckpt.exists() or (out / "model.pt").exists():
@@ -82,14 +97,10 @@ def run(recipe: str, out: str | Path | None = None, *, device: str = "auto", ste
         if list(hooks):
             raise UserError("hooks run in this process only; they cannot follow nproc > 1 (use torchrun directly)")
         distributed.launch(nproc, {"recipe": recipe, "out": str(out), "device": device, "steps": steps,
-                                   "compile": compile, "pallas": pallas, "kernels": kernels, "resume": resume,
-                                   "seed": seed, "nproc": nproc, "overrides": overrides, "progress": progress})
-        import json
-
+                                   "compile": compile, "inductor_pallas": inductor_pallas, "kernels": kernels,
+                                   "resume": resume, "seed": seed, "nproc": nproc, "overrides": overrides,
+                                   "progress": progress})
         return json.loads((out / "eval.json").read_text())
-
-    from .loop import train
-    from .tasks import get_task
 
     task = get_task(r, name)
     kernels_note, model_hook = _kernels(kernels, r.task)
@@ -97,7 +108,7 @@ def run(recipe: str, out: str | Path | None = None, *, device: str = "auto", ste
     try:
         out.mkdir(parents=True, exist_ok=True)
         return train(task, r, platform=platform, device=distributed.device_for(platform, dist), out=out,
-                     config=config, resume=resume, use_compile=r.loop.compile, pallas=pallas,
+                     config=config, resume=resume, use_compile=r.loop.compile, inductor_pallas=inductor_pallas,
                      kernels_note=kernels_note, dist=dist, hooks=hooks, model_hook=model_hook, progress=progress)
     finally:
         distributed.shutdown()
@@ -109,12 +120,4 @@ def _kernels(impl: str, task: str):
         return "n/a (no Llama modules)", None
     if impl == "torch":
         return "torch", None
-    try:
-        from ..kernels import use_kernels
-    except ImportError:
-        use_kernels = None
-    if use_kernels is None:
-        if impl == "pallas":
-            raise NotBuiltError("--kernels pallas: tpu_pipeline.kernels.use_kernels is not built yet")
-        return "torch (tpu_pipeline.kernels not built yet)", None
     return impl, lambda model: use_kernels(model, impl)

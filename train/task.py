@@ -4,6 +4,10 @@ The loop (loop.py) is task-agnostic; it asks a `Task` for a batch of given
 sample indices, the summed loss of a batch and the count it is averaged
 over (samples or target tokens), so that data-parallel shards sum to
 exactly the single-process mean.
+
+A task module (digits.py, arith_lm.py) subclasses `Task` and registers it
+with `@TASKS.register(name)`; runner.py imports every task module, so this
+module never imports them (no cycle).
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ..registry import Registry
-from .config import Recipe
+from tpu_pipeline.registry import Registry
+from tpu_pipeline.train.config import Recipe
 
 TASKS: Registry[type["Task"]] = Registry("train task")
 
@@ -60,9 +64,3 @@ class Task(abc.ABC):
     def flops_per_sample(self, model: torch.nn.Module) -> float:
         """Training FLOPs (forward + backward) per sample, for throughput figures."""
         ...
-
-
-def get_task(recipe: Recipe, recipe_name: str) -> Task:
-    from . import arith_lm, digits  # noqa: F401  (register the tasks)
-
-    return TASKS.get(recipe.task)(recipe, recipe_name)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import sys
 
+from tpu_pipeline.errors import PipelineError
+from tpu_pipeline.train.runner import run
+
 
 def main() -> int:
-    from ..errors import PipelineError
-    from .runner import run
-
     kwargs = json.loads(sys.argv[1])
     try:
         run(**kwargs)

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
-from tpu_pipeline.errors import UserError
+from tpu_pipeline.errors import DivergedError, UserError
 from tpu_pipeline.rl.data import Problem, read_parquet, write_parquet
 from tpu_pipeline.rl.rewards import GuardedReward
 
@@ -93,9 +93,13 @@ def test_nan_loss_steps_are_skipped_then_the_run_stops(tmp_path, tiny_policy, te
 
     monkeypatch.setattr(algo, "policy_loss", nan_loss)
     ov = {**SMALL, "trainer.max_nan_steps": 2, "trainer.eval_k": 0, "optim.lr": 1e-3}
-    with pytest.raises(UserError, match="NaN/inf in 2 consecutive steps"):
+    with pytest.raises(DivergedError) as e:
         run("grpo_math", tmp_path / "r", policy=str(tiny_policy), steps=5, reward="rewards_for_tests:starts_with_hash",
             overrides=ov, progress=False, log=lambda m: None)
+    assert e.value.exit_code == 5 and not isinstance(e.value, UserError)  # the run diverged; the input was fine
+    assert str(e.value) == ("diverged: the loss was NaN/inf in 2 consecutive steps, the last at step 2 "
+                            "(trainer.max_nan_steps=2); no checkpoint was written before it; try a lower "
+                            "learning rate (--set optim.lr=...) or another --seed")
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("skipped") for r in rows] == ["non-finite loss"]  # the 2nd raised before logging
     assert not (tmp_path / "r" / "policy").exists()

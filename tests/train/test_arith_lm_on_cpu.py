@@ -69,7 +69,8 @@ def test_optimizer_pt_carries_adamw_moments_in_parameter_order(lm_run):
 
 
 def test_loss_counts_only_target_tokens():
-    from tpu_pipeline.train.arith_lm import IGNORE, ArithTask
+    from tpu_pipeline.train.arith import IGNORE
+    from tpu_pipeline.train.arith_lm import ArithTask
     from tpu_pipeline.train.runner import load_recipe
 
     _, r = load_recipe("arith_lm", {**TINY, "arith.n_train": 20})
@@ -77,4 +78,4 @@ def test_loss_counts_only_target_tokens():
     tok = task.tokenizer
     for i, p in enumerate(task.train_problems):
         labels = task.labels[i][task.labels[i] != IGNORE].tolist()
-        assert tok.decode(labels) == f"#### {p['answer']}{tok.eos_token}"
+        assert tok.decode(labels) == f"#### {p.answer}{tok.eos_token}"

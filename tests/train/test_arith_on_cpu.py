@@ -13,22 +13,23 @@ def test_problems_are_deterministic_and_in_prompt_form():
     b = arith.make_problems(200, seed=3)
     assert a == b and len(a) == 200
     assert a != arith.make_problems(200, seed=4)
-    assert {p["data_source"] for p in a} == {"basic_arithmetic", "chain_sum"}
+    assert {p.data_source for p in a} == {"basic_arithmetic", "chain_sum"}
     for p in a:
-        assert p["prompt"].endswith("=") and " " not in p["prompt"]
+        assert p.prompt.endswith("=") and " " not in p.prompt
         # The answer is what Python computes from the prompt.
-        assert int(p["answer"]) == eval(p["prompt"][:-1])  # noqa: S307 - digits and +/- only
-        terms = p["prompt"][:-1].replace("-", "+").split("+")
+        assert int(p.answer) == eval(p.prompt[:-1])  # noqa: S307 - digits and +/- only
+        terms = p.prompt[:-1].replace("-", "+").split("+")
         # reasoning-gym's basic_arithmetic draws "1-digit" operands from 0..10 inclusive.
         assert 2 <= len(terms) <= 3 and all(0 <= int(t) <= 10 for t in terms)
 
 
 def test_difficulty_is_configurable():
-    ps = arith.make_problems(50, seed=0, tasks=["chain_sum"], min_terms=4, max_terms=4, min_digits=2, max_digits=2)
+    d = arith.Difficulty(min_terms=4, max_terms=4, min_digits=2, max_digits=2)
+    ps = arith.make_problems(50, seed=0, tasks=["chain_sum"], difficulty=d)
     for p in ps:
-        terms = p["prompt"][:-1].replace("-", "+").split("+")
+        terms = p.prompt[:-1].replace("-", "+").split("+")
         assert len(terms) == 4 and all(10 <= int(t) <= 99 for t in terms)
-        assert p["data_source"] == "chain_sum"
+        assert p.data_source == "chain_sum"
 
 
 def test_heldout_is_fixed_and_disjoint_from_training():
@@ -36,20 +37,40 @@ def test_heldout_is_fixed_and_disjoint_from_training():
     held = arith.heldout_problems(300, exclude=train)
     assert held == arith.heldout_problems(300, exclude=train)
     assert len(held) == 300
-    assert not {p["prompt"] for p in held} & {p["prompt"] for p in train}
+    assert not {p.prompt for p in held} & {p.prompt for p in train}
 
 
-@pytest.mark.parametrize("kw", [{"tasks": ["gsm8k"]}, {"min_terms": 1}, {"operators": ["^"]}, {"bogus": 1}])
-def test_bad_difficulty_is_a_user_error(kw):
-    with pytest.raises(UserError):
-        arith.make_problems(10, seed=0, **kw)
+@pytest.mark.parametrize("d,msg", [
+    ({"min_terms": 1}, "need 2 <= min_terms <= max_terms, got 1..3"),
+    ({"operators": ["^"]}, "operators must be a non-empty subset of + - * /, got ['^']"),
+    ({"bogus": 1}, "unknown arithmetic difficulty key 'bogus'; valid: min_terms, max_terms, min_digits, max_digits, operators"),
+])
+def test_bad_difficulty_is_a_user_error(d, msg):
+    with pytest.raises(UserError) as e:
+        arith.Difficulty.from_dict(d)
+    assert msg in str(e.value)
+
+
+def test_unknown_task_and_operator_mismatch_are_user_errors():
+    with pytest.raises(UserError, match="unknown arithmetic task 'gsm8k'; valid: basic_arithmetic, chain_sum"):
+        arith.make_problems(10, seed=0, tasks=["gsm8k"])
+    with pytest.raises(UserError, match=r"operators \* or / need task basic_arithmetic"):
+        arith.make_problems(10, seed=0, tasks=["chain_sum"], difficulty=arith.Difficulty(operators=("*",)))
+
+
+def test_difficulty_is_typed_and_matches_the_train_recipe():
+    from tpu_pipeline.train.runner import load_recipe
+
+    _, r = load_recipe("arith_lm", {"arith.max_terms": 4, "arith.operators": ["+"]})
+    assert r.arith.difficulty() == arith.Difficulty(max_terms=4, operators=("+",))
+    assert arith.Difficulty.from_dict({"operators": ["+", "-"]}) == arith.DEFAULT_DIFFICULTY
 
 
 def test_tokenizer_round_trips_and_target_scores(tmp_path):
     from transformers import AutoTokenizer
 
     tok = arith.build_tokenizer()
-    p = {"prompt": "3+4-2=", "answer": "5"}
+    p = arith.Problem("3+4-2=", "5", "chain_sum")
     ids, n_prompt = arith.encode_example(tok, p)
     assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id and n_prompt == 7
     assert tok.decode(ids[n_prompt:], skip_special_tokens=True) == "#### 5"

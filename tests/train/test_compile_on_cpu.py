@@ -1,4 +1,5 @@
-"""--compile (Inductor) trains like eager; --pallas either trains or says clearly why not."""
+"""--compile (Inductor) trains like eager; --inductor-pallas either trains or says clearly why not;
+--pallas is its deprecated alias."""
 
 from __future__ import annotations
 
@@ -27,12 +28,35 @@ def test_compiled_losses_match_eager(tmp_path):
 
 
 @pytest.mark.slow
-def test_pallas_trains_or_fails_with_one_clear_error(tmp_path):
+def test_inductor_pallas_trains_or_fails_with_one_clear_error(tmp_path):
     torch.set_num_threads(1)
     try:
-        ev = run("digits_cnn", tmp_path / "p", overrides={**CFG, "loop.steps": 2}, pallas=True)
+        ev = run("digits_cnn", tmp_path / "p", overrides={**CFG, "loop.steps": 2}, inductor_pallas=True)
     except NotBuiltError as e:  # torch 2.13's Inductor Pallas generator fails on this CNN
-        assert "--pallas: Inductor's Pallas code generator failed" in str(e)
+        assert "--inductor-pallas: Inductor's Pallas code generator failed" in str(e)
+        assert "run without --inductor-pallas" in str(e) and "--kernels pallas" in str(e)
         assert not (tmp_path / "p" / "model.pt").exists()
     else:
-        assert ev["pallas"] is True and (tmp_path / "p" / "model.pt").exists()
+        assert ev["inductor_pallas"] is True and ev["compile"] is True and (tmp_path / "p" / "model.pt").exists()
+
+
+def test_deprecated_pallas_flag_warns_and_means_inductor_pallas(monkeypatch):
+    from click.testing import CliRunner
+
+    from tpu_pipeline.cli import cli
+    from tpu_pipeline.train import runner
+
+    calls = []
+    monkeypatch.setattr(runner, "run", lambda *a, **kw: calls.append(kw) or {})
+    r = CliRunner().invoke(cli, ["train", "--recipe", "digits_cnn", "--pallas"])
+    assert r.exit_code == 0, r.output
+    assert calls[-1]["inductor_pallas"] is True
+    warning = [line for line in r.stderr.splitlines() if "deprecated" in line]
+    assert warning == ["warning: --pallas is deprecated; use --inductor-pallas (Inductor's Pallas code generator). "
+                       "--kernels pallas selects the hand-written Pallas kernels."]
+    r = CliRunner().invoke(cli, ["train", "--recipe", "digits_cnn", "--inductor-pallas"])
+    assert r.exit_code == 0 and calls[-1]["inductor_pallas"] is True and "deprecated" not in r.stderr
+    r = CliRunner().invoke(cli, ["train", "--recipe", "digits_cnn"])
+    assert calls[-1]["inductor_pallas"] is False
+    r = CliRunner().invoke(cli, ["train", "--help"])
+    assert "--inductor-pallas" in r.output and "--pallas " not in r.output  # the alias is hidden

@@ -15,7 +15,8 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def command(recipe, policy, seed, n, k, data, device, as_json):
     """Evaluate a policy on fresh held-out problems."""
-    from ..rl import evaluate_policy
+    # CLI start-up time: tpu_pipeline.rl imports torch, the kernels and train
+    from tpu_pipeline.rl import evaluate_policy
 
     res = evaluate_policy(recipe, policy, seed=seed, n=n, k=k, data=data, device=device)
     if as_json:

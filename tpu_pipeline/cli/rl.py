@@ -1,4 +1,5 @@
 import json
+import sys
 
 import click
 
@@ -38,9 +39,8 @@ def _override(ctx, param, values):
 def command(recipe, out, steps, time_budget, engine, data, reward, policy, seed, device, kernels, resume, dry_run,
             ray_address, overrides, as_json):
     """Improve a policy with a GRPO recipe (VeRL's algorithms)."""
-    import sys
-
-    from ..rl import run
+    # CLI start-up time: tpu_pipeline.rl imports torch, the kernels and train
+    from tpu_pipeline.rl import run
 
     res = run(recipe, out, engine=engine, steps=steps, time_budget_s=time_budget, seed=seed, data=data,
               reward=reward, kernels=kernels, device=device, policy=policy, resume=resume, overrides=overrides,

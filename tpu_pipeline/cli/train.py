@@ -1,4 +1,5 @@
 import json
+import tomllib
 
 import click
 
@@ -15,8 +16,6 @@ def _override(ctx, param, values):
 
 def _toml_value(text: str):
     """A TOML literal (lists, numbers, booleans, quoted strings), else the raw string."""
-    import tomllib
-
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
@@ -29,22 +28,31 @@ def _toml_value(text: str):
 @click.option("--device", default="auto", show_default=True, help="auto, tpu, cuda or cpu.")
 @click.option("--steps", type=int, default=None, help="Optimizer steps (overrides loop.steps).")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model [default: the recipe's loop.compile].")
-@click.option("--pallas", is_flag=True, help="Compile with Inductor's Pallas code generator (implies --compile).")
+@click.option("--inductor-pallas", "inductor_pallas", is_flag=True,
+              help="Compile with Inductor's Pallas code generator (implies --compile).")
+@click.option("--pallas", "deprecated_pallas", is_flag=True, hidden=True,
+              help="Deprecated alias of --inductor-pallas (removed in the next release).")
 @click.option("--kernels", type=click.Choice(["auto", "pallas", "torch"]), default="auto", show_default=True,
-              help="Attention/RMSNorm kernels for Llama models (tpu_pipeline.kernels).")
+              help="Attention/RMSNorm kernels for Llama models: pallas = tpu_pipeline.kernels' hand-written "
+                   "Pallas kernels.")
 @click.option("--resume", is_flag=True, help="Continue from the run folder's last checkpoint.")
 @click.option("--seed", type=int, default=None, help="Run seed (overrides the recipe's seed).")
 @click.option("--nproc", type=int, default=1, show_default=True, help="Data-parallel processes (torchrun + DDP).")
 @click.option("--set", "overrides", multiple=True, callback=_override, metavar="KEY=VALUE",
               help="Override a recipe field, e.g. --set optim.lr=3e-4 or --set 'arith.tasks=[\"chain_sum\"]' (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the held-out figures as JSON.")
-def command(recipe, out, device, steps, compile_, pallas, kernels, resume, seed, nproc, overrides, as_json):
+def command(recipe, out, device, steps, compile_, inductor_pallas, deprecated_pallas, kernels, resume, seed, nproc,
+            overrides, as_json):
     """Train a model from a recipe; writes model.pt, eval.json, metrics.jsonl and checkpoints."""
-    from ..train import run
-    from ..train.runner import default_out, load_recipe
+    # CLI start-up time: the runner imports torch and the kernels
+    from tpu_pipeline.train.runner import default_out, load_recipe, run
 
-    result = run(recipe, out, device=device, steps=steps, compile=compile_, pallas=pallas, kernels=kernels,
-                 resume=resume, seed=seed, nproc=nproc, overrides=overrides)
+    if deprecated_pallas:
+        click.echo("warning: --pallas is deprecated; use --inductor-pallas (Inductor's Pallas code generator). "
+                   "--kernels pallas selects the hand-written Pallas kernels.", err=True)
+        inductor_pallas = True
+    result = run(recipe, out, device=device, steps=steps, compile=compile_, inductor_pallas=inductor_pallas,
+                 kernels=kernels, resume=resume, seed=seed, nproc=nproc, overrides=overrides)
     if not result:  # a non-main process under torchrun: rank 0 reports
         return
     if as_json:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
 
 
 class LlamaLM(nn.Module):
     def __init__(self, **config):
         super().__init__()
-        from transformers import LlamaConfig, LlamaForCausalLM
-
         self.lm = LlamaForCausalLM(LlamaConfig(**config))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
