@@ -40,6 +40,8 @@ class ModelKind(abc.ABC):
     # Whether app snippets and firmware files (which read model.json's serving
     # signature) are written next to a passed artifact.
     app_files: ClassVar[bool] = True
+    # Whether explain_failure() can name where a failed artifact departs from PyTorch.
+    localizes: ClassVar[bool] = False
 
     @staticmethod
     @abc.abstractmethod

@@ -34,6 +34,7 @@ LM_ONLY = "applies to Hugging Face causal-LM folders with tokenizer.json only"
 class ModuleKind(ModelKind):
     name = "module"
     noun = "this model"
+    localizes = True
     refused_options = {"prompts": LM_ONLY, "lm_max_len": LM_ONLY, "lm_prefill_len": LM_ONLY}
 
     def __init__(self, m: LoadedModel, samples: list[list[np.ndarray]], sample_source: str,

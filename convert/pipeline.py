@@ -154,6 +154,7 @@ def _target(prof: TargetProfile, model: ModelKind, float_model: Artifact, varian
         r.runtime = par.runtime or r.runtime
         if not r.passed:
             r.fail("parity", *par.reasons)
+        if not r.passed and model.localizes:
             say(f"{prof.name}: parity failed; localizing the first diverging layer")
             with clock("localize"):
                 loc = model.explain_failure(art, r.info)
