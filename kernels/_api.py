@@ -112,12 +112,15 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, *, impl: str = "a
 
 
 def linear_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
-                          impl: str = "auto", block_rows: int | None = None,
-                          block_vocab: int | None = None) -> torch.Tensor:
+                          impl: str = "auto", block_rows: int | None = None, block_vocab: int | None = None,
+                          block_hidden: int | None = None) -> torch.Tensor:
     """token_logprobs(hidden @ weight.T, labels) with the LM head fused in: the
-    [..., V] logits are computed one vocabulary chunk at a time and never exist at once.
+    [..., V] logits are computed one [rows, vocab] tile at a time (each tile summed
+    over slices of H) and never exist at once.
 
     hidden [..., H], weight [V, H] (an nn.Linear's weight), labels [...] -> [...] float32.
+    Block sizes default to the device's configuration (kernels/_config.py); the
+    block_* arguments override it (powers of two; >= 16 on a GPU).
     """
     if hidden.shape[:-1] != labels.shape or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
         raise UserError(f"linear_token_logprobs: shapes do not fit: hidden {tuple(hidden.shape)}, "
@@ -126,4 +129,4 @@ def linear_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: to
         raise UserError("linear_token_logprobs: labels must be integer token ids")
     if not use_pallas(impl, hidden.device):
         return ref.linear_token_logprobs(hidden, weight, labels)
-    return _bridge().linear_token_logprobs(hidden, weight, labels, block_rows, block_vocab)
+    return _bridge().linear_token_logprobs(hidden, weight, labels, block_rows, block_vocab, block_hidden)

@@ -14,6 +14,9 @@ here.
 Backward (FlashAttention-2 style, recomputing probabilities from the saved
 log-sum-exp): one kernel per query block for dq, one per key block for dk and
 dv (per query head; the wrapper sums the heads of a group).
+
+Block sizes, warps and pipeline stages come from _config per device, head dim
+and direction (forward 128x64, backward 64x64 on an H100/H200 at d <= 128).
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from tpu_pipeline.kernels._common import (NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, feature_dim, kernel_jit, pad_axis, read_row_scalar,
-                      round_up, row_scalars_spec)
+from tpu_pipeline.kernels._common import (NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, feature_dim, kernel_jit, pad_axis,
+                                         read_row_scalar, round_up, row_scalars_spec)
+from tpu_pipeline.kernels._config import AttentionBlocks, fit_block
 
 
 def _mask(rows, cols, *, start, sk, offset, causal: bool):
@@ -126,25 +130,25 @@ def _dkv_kernel(bnd_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _geometry(q, k, block_q, block_k):
+def _geometry(q, k, cfg: AttentionBlocks):
     b, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
-    bq = min(block_q, round_up(sq, 8))
-    bk = min(block_k, round_up(sk, 8))
+    bq = fit_block(cfg.q, sq)
+    bk = fit_block(cfg.k, sk)
     return b, hq, hkv, sq, sk, d, bq, bk, round_up(sq, bq), round_up(sk, bk)
 
 
 def kv_bucket(sk: int, block_k: int) -> int:
     """Key length the caller pads k/v to, so that a growing KV cache (one more key per
     decode step) reuses one compiled kernel per bucket instead of compiling per step."""
-    return round_up(sk, block_k if sk > block_k else 8)
+    return round_up(sk, block_k) if sk > block_k else fit_block(block_k, sk)
 
 
-_STATIC = ("causal", "scale", "block_q", "block_k", "interpret")
+_STATIC = ("causal", "scale", "cfg", "interpret")
 
 
 @kernel_jit(static_argnames=_STATIC)
-def attention_fwd(q, k, v, bounds, *, causal: bool, scale: float, block_q: int, block_k: int, interpret: bool):
+def attention_fwd(q, k, v, bounds, *, causal: bool, scale: float, cfg: AttentionBlocks, interpret: bool):
     """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] -> (o [B, Hq, Sq, D], lse [B, Hq, Sq] float32/64).
 
     bounds: int32 [B, 2], per batch row the first and one-past-last key in use: keys
@@ -152,7 +156,7 @@ def attention_fwd(q, k, v, bounds, *, causal: bool, scale: float, block_q: int, 
     are data, not compile-time constants, so decode steps of one bucket share a
     compiled kernel. Causal alignment counts from the last key in use.
     """
-    b, hq, hkv, sq, sk, d_real, bq, bk, sq_p, sk_p = _geometry(q, k, block_q, block_k)
+    b, hq, hkv, sq, sk, d_real, bq, bk, sq_p, sk_p = _geometry(q, k, cfg)
     g = hq // hkv
     d = feature_dim(d_real, interpret)
     qp, kp, vp = (pad_axis(pad_axis(t, 2, s), 3, d) for t, s in ((q, sq_p), (k, sk_p), (v, sk_p)))
@@ -164,16 +168,16 @@ def attention_fwd(q, k, v, bounds, *, causal: bool, scale: float, block_q: int, 
         out_specs=[qspec, pl.BlockSpec((None, None, bq), lambda bi, h, i: (bi, h, i))],
         out_shape=[jax.ShapeDtypeStruct((b, hq, sq_p, d), q.dtype),
                    jax.ShapeDtypeStruct((b, hq, sq_p), acc_dtype(q.dtype))],
-        interpret=interpret, name="flash_attention_fwd",
+        interpret=interpret, name="flash_attention_fwd", launch=(cfg.num_warps, cfg.num_stages),
     )(bounds, qp, kp, vp)
     return o[:, :, :sq, :d_real], lse[:, :, :sq]
 
 
 @kernel_jit(static_argnames=_STATIC)
-def attention_bwd(q, k, v, bounds, o, lse, do, *, causal: bool, scale: float, block_q: int, block_k: int,
+def attention_bwd(q, k, v, bounds, o, lse, do, *, causal: bool, scale: float, cfg: AttentionBlocks,
                   interpret: bool):
     """-> (dq, dk, dv) shaped like q, k, v."""
-    b, hq, hkv, sq, sk, d_real, bq, bk, sq_p, sk_p = _geometry(q, k, block_q, block_k)
+    b, hq, hkv, sq, sk, d_real, bq, bk, sq_p, sk_p = _geometry(q, k, cfg)
     g = hq // hkv
     d = feature_dim(d_real, interpret)
     acc = acc_dtype(q.dtype)
@@ -190,7 +194,7 @@ def attention_bwd(q, k, v, bounds, o, lse, do, *, causal: bool, scale: float, bl
         functools.partial(_dq_kernel, nk=sk_p // bk, **common), grid=(b, hq, sq_p // bq),
         in_specs=[row_scalars_spec(2), qblk, kvfull, kvfull, qblk, rowblk, rowblk], out_specs=[qblk],
         out_shape=[jax.ShapeDtypeStruct((b, hq, sq_p, d), q.dtype)],
-        interpret=interpret, name="flash_attention_dq",
+        interpret=interpret, name="flash_attention_dq", launch=(cfg.num_warps, cfg.num_stages),
     )(bounds, qp, kp, vp, dop, lsep, deltap)
 
     qfull = pl.BlockSpec((None, None, sq_p, d), lambda bi, h, j: (bi, h, 0, 0))
@@ -201,7 +205,7 @@ def attention_bwd(q, k, v, bounds, o, lse, do, *, causal: bool, scale: float, bl
         functools.partial(_dkv_kernel, nq=sq_p // bq, **common), grid=(b, hq, sk_p // bk),
         in_specs=[row_scalars_spec(2), qfull, kvblk, kvblk, qfull, rowfull, rowfull], out_specs=[outblk, outblk],
         out_shape=[jax.ShapeDtypeStruct((b, hq, sk_p, d), acc)] * 2,
-        interpret=interpret, name="flash_attention_dkv",
+        interpret=interpret, name="flash_attention_dkv", launch=(cfg.num_warps, cfg.num_stages),
     )(bounds, qp, kp, vp, dop, lsep, deltap)
     # Per-query-head partials -> sum over the heads that share a key/value head.
     dk = dk[:, :, :sk, :d_real].reshape(b, hkv, g, sk, d_real).sum(axis=2).astype(k.dtype)

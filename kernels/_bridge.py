@@ -14,6 +14,8 @@ torch.tpu.pallas.jax_op (see _tpu.py).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Sequence
 
 import jax
@@ -21,21 +23,36 @@ import torch
 from torch import Tensor
 
 from tpu_pipeline.kernels import _attention as A
+from tpu_pipeline.kernels import _config as C
 from tpu_pipeline.kernels import _logprobs as L
 from tpu_pipeline.kernels import _rmsnorm as R
 from tpu_pipeline.kernels import _tpu
 
-# Default block sizes per device kind: the TPU wants 128-row tiles; on GPU and in
-# interpret mode smaller blocks keep registers / interpreter steps in check.
-_BLOCKS = {
-    "tpu": dict(rows=256, q=128, k=128, lp_rows=128, vocab=2048),
-    "cuda": dict(rows=64, q=64, k=64, lp_rows=32, vocab=1024),
-    "cpu": dict(rows=64, q=64, k=64, lp_rows=32, vocab=1024),
-}
+@functools.lru_cache(maxsize=None)
+def _cuda_device(index: int) -> C.Device:
+    props = torch.cuda.get_device_properties(index)
+    return C.cuda_device((props.major, props.minor), props.multi_processor_count, props.name)
 
 
-def _blocks(t: Tensor) -> dict:
-    return _BLOCKS.get(t.device.type, _BLOCKS["cpu"])
+def _device(t: Tensor) -> C.Device:
+    """The budget the kernel's blocks are sized for. CPU (interpret mode) runs an
+    H200's GPU configuration, so CPU tests exercise the blocks a GPU compiles."""
+    kind = _device_type(t)
+    if kind == "cuda":
+        return _cuda_device(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    if kind == "tpu":
+        return C.TPU
+    return C.H200
+
+
+def _feature_dim(t: Tensor, d: int) -> int:
+    """The feature width the kernel pads to (see _common.feature_dim), for sizing blocks."""
+    return max(16, C.next_pow2(d)) if _device_type(t) == "cuda" else d
+
+
+def _override(cfg, **fields):
+    """The picked configuration with the caller's explicit block sizes (0 = keep)."""
+    return dataclasses.replace(cfg, **{k: v for k, v in fields.items() if v})
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -63,7 +80,8 @@ def _run(fn, tensors: Sequence[Tensor], **static) -> tuple[Tensor, ...]:
 @torch.library.custom_op("tpu_pipeline::rms_norm_fwd", mutates_args=())
 def _rms_fwd(x: Tensor, weight: Tensor, eps: float, block_rows: int) -> tuple[Tensor, Tensor]:
     d = x.shape[-1]
-    y, rstd = _run(R.rms_norm_fwd, [x.reshape(-1, d), weight], eps=eps, block_rows=block_rows)
+    cfg = _override(C.rms_norm_blocks(x.numel() // d, _feature_dim(x, d), _device(x), "fwd"), rows=block_rows)
+    y, rstd = _run(R.rms_norm_fwd, [x.reshape(-1, d), weight], eps=eps, cfg=cfg)
     return y.reshape(x.shape), rstd
 
 
@@ -75,7 +93,8 @@ def _(x, weight, eps, block_rows):
 @torch.library.custom_op("tpu_pipeline::rms_norm_bwd", mutates_args=())
 def _rms_bwd(x: Tensor, weight: Tensor, rstd: Tensor, dy: Tensor, block_rows: int) -> tuple[Tensor, Tensor]:
     d = x.shape[-1]
-    dx, dw = _run(R.rms_norm_bwd, [x.reshape(-1, d), weight, rstd, dy.reshape(-1, d)], block_rows=block_rows)
+    cfg = _override(C.rms_norm_blocks(x.numel() // d, _feature_dim(x, d), _device(x), "bwd"), rows=block_rows)
+    dx, dw = _run(R.rms_norm_bwd, [x.reshape(-1, d), weight, rstd, dy.reshape(-1, d)], cfg=cfg)
     return dx.reshape(x.shape), dw
 
 
@@ -103,7 +122,7 @@ torch.library.register_autograd("tpu_pipeline::rms_norm_fwd", _rms_backward, set
 def rms_norm(x: Tensor, weight: Tensor, eps: float, block_rows: int | None) -> Tensor:
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
-    return _rms_fwd(x, weight, eps, block_rows or _blocks(x)["rows"])[0]
+    return _rms_fwd(x, weight, eps, block_rows or 0)[0]
 
 
 # ---------------------------------------------------------------- flash attention
@@ -120,11 +139,18 @@ def _kv_padded(k: Tensor, v: Tensor, kv_start: Tensor, block_k: int) -> tuple[Te
     return k, v, torch.stack([start, torch.full_like(start, sk)], dim=1)
 
 
+def _attn_cfg(q: Tensor, sk: int, direction: str, block_q: int, block_k: int) -> C.AttentionBlocks:
+    d = _feature_dim(q, q.shape[3])
+    cfg = C.attention_blocks(q.shape[2], sk, d, q.element_size(), _device(q), direction)
+    return _override(cfg, q=block_q, k=block_k)
+
+
 @torch.library.custom_op("tpu_pipeline::flash_attention_fwd", mutates_args=())
 def _attn_fwd(q: Tensor, k: Tensor, v: Tensor, kv_start: Tensor, causal: bool, scale: float, block_q: int,
               block_k: int) -> tuple[Tensor, Tensor]:
-    k, v, bounds = _kv_padded(k, v, kv_start, block_k)
-    return _run(A.attention_fwd, [q, k, v, bounds], causal=causal, scale=scale, block_q=block_q, block_k=block_k)
+    cfg = _attn_cfg(q, k.shape[2], "fwd", block_q, block_k)
+    k, v, bounds = _kv_padded(k, v, kv_start, cfg.k)
+    return _run(A.attention_fwd, [q, k, v, bounds], causal=causal, scale=scale, cfg=cfg)
 
 
 @_attn_fwd.register_fake
@@ -136,9 +162,9 @@ def _(q, k, v, kv_start, causal, scale, block_q, block_k):
 def _attn_bwd(q: Tensor, k: Tensor, v: Tensor, kv_start: Tensor, o: Tensor, lse: Tensor, do: Tensor, causal: bool,
               scale: float, block_q: int, block_k: int) -> tuple[Tensor, Tensor, Tensor]:
     sk = k.shape[2]
-    kp, vp, bounds = _kv_padded(k, v, kv_start, block_k)
-    dq, dk, dv = _run(A.attention_bwd, [q, kp, vp, bounds, o, lse, do], causal=causal, scale=scale,
-                      block_q=block_q, block_k=block_k)
+    cfg = _attn_cfg(q, sk, "bwd", block_q, block_k)
+    kp, vp, bounds = _kv_padded(k, v, kv_start, cfg.k)
+    dq, dk, dv = _run(A.attention_bwd, [q, kp, vp, bounds, o, lse, do], causal=causal, scale=scale, cfg=cfg)
     return dq, dk[:, :, :sk].contiguous(), dv[:, :, :sk].contiguous()
 
 
@@ -166,20 +192,25 @@ torch.library.register_autograd("tpu_pipeline::flash_attention_fwd", _attn_backw
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, kv_start: Tensor | None,
                     block_q: int | None, block_k: int | None) -> Tensor:
-    b = _blocks(q)
     k, v = k.to(q.dtype), v.to(q.dtype)
     if kv_start is None:
         kv_start = torch.zeros(q.shape[0], dtype=torch.int32, device=q.device)
-    return _attn_fwd(q, k, v, kv_start, causal, scale, block_q or b["q"], block_k or b["k"])[0]
+    return _attn_fwd(q, k, v, kv_start, causal, scale, block_q or 0, block_k or 0)[0]
 
 
 # ---------------------------------------------------------------- token log-probs
+
+def _tl_cfg(logits: Tensor, direction: str, block_rows: int, block_vocab: int) -> C.VocabBlocks:
+    v = logits.shape[-1]
+    cfg = C.token_logprobs_blocks(logits.numel() // v, v, logits.element_size(), _device(logits), direction)
+    return _override(cfg, rows=block_rows, vocab=block_vocab)
+
 
 @torch.library.custom_op("tpu_pipeline::token_logprobs_fwd", mutates_args=())
 def _tl_fwd(logits: Tensor, labels: Tensor, block_rows: int, block_vocab: int) -> tuple[Tensor, Tensor]:
     v = logits.shape[-1]
     lp, lse = _run(L.token_logprobs_fwd, [logits.reshape(-1, v), labels.reshape(-1).to(torch.int32)],
-                   block_rows=block_rows, block_vocab=block_vocab)
+                   cfg=_tl_cfg(logits, "fwd", block_rows, block_vocab))
     return lp.reshape(labels.shape), lse.reshape(labels.shape)
 
 
@@ -194,7 +225,7 @@ def _tl_bwd(logits: Tensor, labels: Tensor, lse: Tensor, g: Tensor, block_rows: 
     v = logits.shape[-1]
     (dx,) = _run(L.token_logprobs_bwd, [logits.reshape(-1, v), labels.reshape(-1).to(torch.int32),
                                         lse.reshape(-1), g.reshape(-1).to(lse.dtype)],
-                 block_rows=block_rows, block_vocab=block_vocab)
+                 cfg=_tl_cfg(logits, "bwd", block_rows, block_vocab))
     return dx.reshape(logits.shape)
 
 
@@ -219,59 +250,66 @@ torch.library.register_autograd("tpu_pipeline::token_logprobs_fwd", _tl_backward
 
 
 def token_logprobs(logits: Tensor, labels: Tensor, block_rows: int | None, block_vocab: int | None) -> Tensor:
-    b = _blocks(logits)
-    return _tl_fwd(logits, labels, block_rows or b["lp_rows"], block_vocab or b["vocab"])[0]
+    return _tl_fwd(logits, labels, block_rows or 0, block_vocab or 0)[0]
 
 
 # ---------------------------------------------------------------- fused LM head + log-probs
 
+def _ltl_cfg(hidden: Tensor, weight: Tensor, direction: str, blocks: Sequence[int]) -> C.LinearLogprobsBlocks:
+    h = hidden.shape[-1]
+    cfg = C.linear_logprobs_blocks(hidden.numel() // h, h, weight.shape[0], hidden.element_size(), _device(hidden),
+                                   direction)
+    if L.plgpu is None:  # no Triton backend in this JAX: no atomics either
+        cfg = dataclasses.replace(cfg, atomics=False)
+    return _override(cfg, rows=blocks[0], vocab=blocks[1], hidden=blocks[2])
+
+
 @torch.library.custom_op("tpu_pipeline::linear_token_logprobs_fwd", mutates_args=())
-def _ltl_fwd(hidden: Tensor, weight: Tensor, labels: Tensor, block_rows: int,
-             block_vocab: int) -> tuple[Tensor, Tensor]:
+def _ltl_fwd(hidden: Tensor, weight: Tensor, labels: Tensor, blocks: list[int]) -> tuple[Tensor, Tensor]:
     h = hidden.shape[-1]
     lp, lse = _run(L.linear_token_logprobs_fwd, [hidden.reshape(-1, h), weight, labels.reshape(-1).to(torch.int32)],
-                   block_rows=block_rows, block_vocab=block_vocab)
+                   cfg=_ltl_cfg(hidden, weight, "fwd", blocks))
     return lp.reshape(labels.shape), lse.reshape(labels.shape)
 
 
 @_ltl_fwd.register_fake
-def _(hidden, weight, labels, block_rows, block_vocab):
+def _(hidden, weight, labels, blocks):
     acc = _acc(hidden.dtype)
     return hidden.new_empty(labels.shape, dtype=acc), hidden.new_empty(labels.shape, dtype=acc)
 
 
 @torch.library.custom_op("tpu_pipeline::linear_token_logprobs_bwd", mutates_args=())
-def _ltl_bwd(hidden: Tensor, weight: Tensor, labels: Tensor, lse: Tensor, g: Tensor, block_rows: int,
-             block_vocab: int) -> tuple[Tensor, Tensor]:
+def _ltl_bwd(hidden: Tensor, weight: Tensor, labels: Tensor, lse: Tensor, g: Tensor,
+             blocks: list[int]) -> tuple[Tensor, Tensor]:
     h = hidden.shape[-1]
     dh, dw = _run(L.linear_token_logprobs_bwd,
                   [hidden.reshape(-1, h), weight, labels.reshape(-1).to(torch.int32), lse.reshape(-1),
-                   g.reshape(-1).to(lse.dtype)], block_rows=block_rows, block_vocab=block_vocab)
+                   g.reshape(-1).to(lse.dtype)], cfg=_ltl_cfg(hidden, weight, "bwd", blocks))
     return dh.reshape(hidden.shape), dw
 
 
 @_ltl_bwd.register_fake
-def _(hidden, weight, labels, lse, g, block_rows, block_vocab):
+def _(hidden, weight, labels, lse, g, blocks):
     return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape)
 
 
 def _ltl_setup(ctx, inputs, output):
-    hidden, weight, labels, block_rows, block_vocab = inputs
+    hidden, weight, labels, blocks = inputs
     ctx.save_for_backward(hidden, weight, labels, output[1])
-    ctx.blocks = (block_rows, block_vocab)
+    ctx.blocks = blocks
     ctx.mark_non_differentiable(output[1])
 
 
 def _ltl_backward(ctx, g, _dlse):
     hidden, weight, labels, lse = ctx.saved_tensors
-    dh, dw = _ltl_bwd(hidden, weight, labels, lse, g, *ctx.blocks)
-    return dh, dw, None, None, None
+    dh, dw = _ltl_bwd(hidden, weight, labels, lse, g, ctx.blocks)
+    return dh, dw, None, None
 
 
 torch.library.register_autograd("tpu_pipeline::linear_token_logprobs_fwd", _ltl_backward, setup_context=_ltl_setup)
 
 
 def linear_token_logprobs(hidden: Tensor, weight: Tensor, labels: Tensor, block_rows: int | None,
-                          block_vocab: int | None) -> Tensor:
-    b = _blocks(hidden)
-    return _ltl_fwd(hidden, weight.to(hidden.dtype), labels, block_rows or b["lp_rows"], block_vocab or b["vocab"])[0]
+                          block_vocab: int | None, block_hidden: int | None = None) -> Tensor:
+    blocks = [block_rows or 0, block_vocab or 0, block_hidden or 0]
+    return _ltl_fwd(hidden, weight.to(hidden.dtype), labels, blocks)[0]

@@ -10,6 +10,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+try:
+    from jax.experimental.pallas import triton as plgpu
+except ImportError:  # a JAX without Pallas's Triton backend: GPU launch parameters are dropped
+    plgpu = None
+
 # Masked scores use a large finite negative, not -inf: exp(-inf - -inf) is NaN
 # when a whole block is masked.
 NEG = -1e30
@@ -51,10 +56,17 @@ def _prec(a):
     return lax.Precision.HIGHEST if a.dtype in (jnp.float32, jnp.float64) else None
 
 
-def call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str):
-    """pl.pallas_call with list-valued specs and shapes (every kernel here has several outputs)."""
+def call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str,
+         launch: tuple[int, int] | None = None, input_output_aliases: dict[int, int] | None = None):
+    """pl.pallas_call with list-valued specs and shapes (every kernel here has several
+    outputs). launch = (num_warps, num_stages) applies where Pallas lowers through
+    Triton (a native GPU run); interpret mode and Mosaic ignore it."""
+    params = None
+    if launch is not None and plgpu is not None and not interpret and jax.default_backend() == "gpu":
+        params = plgpu.CompilerParams(num_warps=launch[0], num_stages=launch[1])
     return pl.pallas_call(kernel, grid=grid, in_specs=list(in_specs), out_specs=list(out_specs),
-                          out_shape=list(out_shape), interpret=interpret, name=name)
+                          out_shape=list(out_shape), interpret=interpret, name=name, compiler_params=params,
+                          input_output_aliases=dict(input_output_aliases or {}))
 
 
 def kernel_jit(*, static_argnames):

@@ -1,9 +1,13 @@
 """RMSNorm forward and backward as Pallas kernels over blocks of rows.
 
-Forward: one program per block of `block_rows` rows; the whole feature dim is
-one block. It writes y and the per-row 1/rms that backward reuses.
-Backward: dx per row block, and per-block partial sums of dy * x_hat for dweight
-that the wrapper adds up (a reduction across programs needs no atomics then).
+Memory-bound: each pass should read and write every element once. Forward:
+one program per block of rows (a few rows at D=4096, see _config: a wider
+tile spills registers), the whole feature dim at once; it writes y and the
+per-row 1/rms that the backward reuses instead of a second reduction.
+Backward: a fixed number of programs (a few per SM) each walks its share of
+row blocks, writing dx and summing dy * x_hat into one float32 d weight
+partial per program, which the wrapper adds up ([programs, D]: a few MiB,
+so no atomics and no second pass over [N, D]).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from tpu_pipeline.kernels._common import acc_dtype, call, feature_dim, kernel_jit, pad_axis, round_up
+from tpu_pipeline.kernels._config import RowBlocks
 
 
 def _fwd_kernel(x_ref, w_ref, y_ref, rstd_ref, *, eps: float, d: int):
@@ -27,26 +32,31 @@ def _fwd_kernel(x_ref, w_ref, y_ref, rstd_ref, *, eps: float, d: int):
     rstd_ref[...] = rstd
 
 
-def _bwd_kernel(x_ref, w_ref, rstd_ref, dy_ref, dx_ref, dw_ref, *, d: int):
+def _bwd_kernel(x_ref, w_ref, rstd_ref, dy_ref, dx_ref, dw_ref, *, d: int, br: int, steps: int):
     acc = acc_dtype(x_ref.dtype)
-    x = x_ref[...].astype(acc)
     w = w_ref[...].astype(acc)
-    dy = dy_ref[...].astype(acc)
-    rstd = rstd_ref[...]
-    xhat = x * rstd
-    g = dy * w
-    c = jnp.sum(xhat * g, axis=-1, keepdims=True) / d
-    dx_ref[...] = (rstd * (g - xhat * c)).astype(dx_ref.dtype)
-    dw_ref[...] = jnp.sum(dy * xhat, axis=0, keepdims=True).astype(dw_ref.dtype)
+
+    def body(r, dw):
+        rs = pl.ds(pl.multiple_of(r * br, br), br)
+        x = x_ref[rs, :].astype(acc)
+        dy = dy_ref[rs, :].astype(acc)
+        rstd = rstd_ref[rs, :]
+        xhat = x * rstd
+        g = dy * w
+        c = jnp.sum(xhat * g, axis=-1, keepdims=True) / d
+        dx_ref[rs, :] = (rstd * (g - xhat * c)).astype(dx_ref.dtype)
+        return dw + jnp.sum(dy * xhat, axis=0, keepdims=True)
+
+    dw_ref[...] = lax.fori_loop(0, steps, body, jnp.zeros(dw_ref.shape, acc)).astype(dw_ref.dtype)
 
 
-@kernel_jit(static_argnames=("eps", "block_rows", "interpret"))
-def rms_norm_fwd(x, w, *, eps: float, block_rows: int, interpret: bool):
+@kernel_jit(static_argnames=("eps", "cfg", "interpret"))
+def rms_norm_fwd(x, w, *, eps: float, cfg: RowBlocks, interpret: bool):
     """x [N, D], w [D] -> (y [N, D] in x.dtype, rstd [N, 1] float32/64)."""
     n, d = x.shape
     dp = feature_dim(d, interpret)
     acc = acc_dtype(x.dtype)
-    br = min(block_rows, round_up(n, 8))
+    br = cfg.rows
     n_p = round_up(n, br)
     xp = pad_axis(pad_axis(x, 0, n_p), 1, dp)
     row = pl.BlockSpec((br, dp), lambda i: (i, 0))
@@ -55,30 +65,39 @@ def rms_norm_fwd(x, w, *, eps: float, block_rows: int, interpret: bool):
         functools.partial(_fwd_kernel, eps=eps, d=d), grid=(n_p // br,),
         in_specs=[row, pl.BlockSpec((1, dp), lambda i: (0, 0))], out_specs=[row, col],
         out_shape=[jax.ShapeDtypeStruct((n_p, dp), x.dtype), jax.ShapeDtypeStruct((n_p, 1), acc)],
-        interpret=interpret, name="rms_norm_fwd",
+        interpret=interpret, name="rms_norm_fwd", launch=(cfg.num_warps, 1),
     )(xp, pad_axis(w.reshape(1, d), 1, dp))
     return y[:n, :d], rstd[:n]
 
 
-@kernel_jit(static_argnames=("block_rows", "interpret"))
-def rms_norm_bwd(x, w, rstd, dy, *, block_rows: int, interpret: bool):
+def bwd_split(n: int, rows: int, programs: int) -> tuple[int, int]:
+    """(programs, row blocks per program) covering n rows with as little padding as the
+    target number of programs allows (padding copies x and dy)."""
+    nb = -(-n // rows)
+    steps = -(-nb // max(1, min(programs, nb)))
+    return -(-nb // steps), steps
+
+
+@kernel_jit(static_argnames=("cfg", "interpret"))
+def rms_norm_bwd(x, w, rstd, dy, *, cfg: RowBlocks, interpret: bool):
     """-> (dx [N, D] in x.dtype, dw [D] in w.dtype)."""
     n, d = x.shape
     dp = feature_dim(d, interpret)
     acc = acc_dtype(x.dtype)
-    br = min(block_rows, round_up(n, 8))
-    n_p = round_up(n, br)
-    nb = n_p // br
+    br = cfg.rows
+    progs, steps = bwd_split(n, br, cfg.programs)
+    span = br * steps
+    n_p = progs * span
     # Padded rows carry dy = 0, so they add nothing to dw.
     xp, dyp = pad_axis(pad_axis(x, 0, n_p), 1, dp), pad_axis(pad_axis(dy, 0, n_p), 1, dp)
     rp = pad_axis(rstd, 0, n_p, 1.0)
-    row = pl.BlockSpec((br, dp), lambda i: (i, 0))
-    col = pl.BlockSpec((br, 1), lambda i: (i, 0))
+    row = pl.BlockSpec((span, dp), lambda i: (i, 0))
+    col = pl.BlockSpec((span, 1), lambda i: (i, 0))
     dx, dw_part = call(
-        functools.partial(_bwd_kernel, d=d), grid=(nb,),
+        functools.partial(_bwd_kernel, d=d, br=br, steps=steps), grid=(progs,),
         in_specs=[row, pl.BlockSpec((1, dp), lambda i: (0, 0)), col, row],
         out_specs=[row, pl.BlockSpec((1, dp), lambda i: (i, 0))],
-        out_shape=[jax.ShapeDtypeStruct((n_p, dp), x.dtype), jax.ShapeDtypeStruct((nb, dp), acc)],
-        interpret=interpret, name="rms_norm_bwd",
+        out_shape=[jax.ShapeDtypeStruct((n_p, dp), x.dtype), jax.ShapeDtypeStruct((progs, dp), acc)],
+        interpret=interpret, name="rms_norm_bwd", launch=(cfg.num_warps, 2),
     )(xp, pad_axis(w.reshape(1, d), 1, dp), rp, dyp)
     return dx[:n, :d], jnp.sum(dw_part, axis=0)[:d].astype(w.dtype)

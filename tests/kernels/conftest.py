@@ -18,21 +18,27 @@ from tpu_pipeline.kernels import _attention, _logprobs, _rmsnorm
 KERNEL_MODULES = (_attention, _logprobs, _rmsnorm)
 
 
-def poisoned_call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str, **params):
+def poisoned_call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str, launch=None,
+                  input_output_aliases=None):
     """Same signature as tpu_pipeline.kernels._common.call; aliases a NaN-filled input
-    onto each output, so what the kernel does not write stays NaN."""
+    onto each output the kernel does not already initialise from an input, so what
+    the kernel does not write stays NaN."""
     outs = list(out_shape)
     n_in = len(in_specs)
+    aliases = dict(input_output_aliases or {})
+    fill_outs = [i for i in range(len(outs)) if i not in aliases.values()]
 
     def kernel_ignoring_fills(*refs):
-        kernel(*refs[:n_in], *refs[n_in + len(outs):])
+        kernel(*refs[:n_in], *refs[n_in + len(fill_outs):])
 
-    raw = pl.pallas_call(kernel_ignoring_fills, grid=grid, in_specs=list(in_specs) + list(out_specs),
+    aliases.update({n_in + j: i for j, i in enumerate(fill_outs)})
+    raw = pl.pallas_call(kernel_ignoring_fills, grid=grid, in_specs=list(in_specs) + [out_specs[i] for i in fill_outs],
                          out_specs=list(out_specs), out_shape=outs, interpret=interpret, name=name,
-                         input_output_aliases={n_in + i: i for i in range(len(outs))}, **params)
+                         input_output_aliases=aliases)
 
     def run(*args):
-        fills = [jnp.full(o.shape, jnp.nan if jnp.issubdtype(o.dtype, jnp.floating) else -1, o.dtype) for o in outs]
+        fills = [jnp.full(outs[i].shape, jnp.nan if jnp.issubdtype(outs[i].dtype, jnp.floating) else -1,
+                          outs[i].dtype) for i in fill_outs]
         return raw(*args, *fills)
 
     return run
