@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import litert_torch
 import torch
 
 from tpu_pipeline.convert import ConvertOptions, convert
@@ -48,8 +49,6 @@ def manifest(cls: str, kwargs: dict, path: Path, task: str) -> Path:
 
 
 def bare(cls: str, kwargs: dict, path: Path) -> float:
-    import litert_torch
-
     torch.manual_seed(0)
     m = getattr(R, cls)(**kwargs).eval()
     args = m.example_inputs()

@@ -220,7 +220,8 @@ def _load_hf_folder(path: Path, input_shapes, seq_len) -> LoadedModel:
     ids = torch.randint(0, vocab, shape, dtype=torch.int64)
     return LoadedModel(module=_LogitsOnly(model), sample_args=(ids,), source_format="Hugging Face causal-LM folder",
                        input_names=["input_ids"], output_names=["logits"], task="causal-lm",
-                       notes=[f"fixed-length forward: input_ids {list(shape)} -> logits (no KV cache; decode export is issue 7)"],
+                       notes=[f"fixed-length forward: input_ids {list(shape)} -> logits (no KV cache; with tokenizer.json in "
+                              "the folder, convert builds a decode-ready prefill/decode artifact instead)"],
                        int_high=[vocab])
 
 

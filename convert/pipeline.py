@@ -92,7 +92,7 @@ def convert(model_path: str | Path, options: ConvertOptions | None = None, progr
     out = Path(o.out) if o.out else Path("dist") / (model_path.stem if model_path.is_file() else model_path.name)
     kind = model_kind(model_path)
     refuse_options(kind, o)
-    skipped = {p.name: kind.skip_reason(p) for p in profiles if kind.skip_reason(p)}
+    skipped = {p.name: why for p in profiles if (why := kind.skip_reason(p))}
     if skipped and o.targets.strip() != "all":
         name = next(iter(skipped))
         raise UserError(f"target {name} does not take {kind.noun}: {skipped[name]}")

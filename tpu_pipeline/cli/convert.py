@@ -20,14 +20,14 @@ from tpu_pipeline.errors import PipelineError
 @click.option("--model-class", default=None, help="pkg.module:Class to build when MODEL is a state_dict.")
 @click.option("--model-kwargs", default=None, help="JSON constructor kwargs for --model-class.")
 @click.option("--trust-pickle", is_flag=True, help="Allow unpickling a whole nn.Module (runs code from the file).")
-@click.option("--calib", type=click.Path(), default=None, help=".npz of representative inputs for static int8.")
-@click.option("--eval-data", type=click.Path(), default=None, help=".npz of parity inputs.")
-@click.option("--samples", default=8, show_default=True, type=int, help="Parity inputs per target.")
+@click.option("--calib", type=click.Path(), default=None, help=".npz of representative inputs for static int8 (not for LM folders).")
+@click.option("--eval-data", type=click.Path(), default=None, help=".npz of parity inputs (LM folders: use --prompts).")
+@click.option("--samples", default=8, show_default=True, type=int, help="Parity inputs (LMs: prompts) per target.")
 @click.option("--atol", type=float, default=None, help="Override the targets' absolute tolerance.")
 @click.option("--rtol", type=float, default=None, help="Override the targets' relative tolerance.")
 @click.option("--min-cosine", type=float, default=None, help="Override the targets' minimum cosine similarity.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--no-latency", is_flag=True, help="Skip the latency measurement.")
+@click.option("--no-latency", is_flag=True, help="Skip the latency measurement (LMs: ms per generated token).")
 @click.option("--profile-dir", type=click.Path(), default=None, help="Folder of target profile TOML files to use instead.")
 @click.option("--prompts", type=click.Path(), default=None,
               help="LMs: text file with one parity prompt per line [default: random token sequences].")
@@ -45,7 +45,8 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
     Face causal-LM folder (with tokenizer.json: a decode-ready artifact with
     prefill/decode signatures and the tokenizer, checked by greedy generations).
     Writes DIR/<target>/model.tflite + model.json, DIR/report.json and
-    DIR/report.html.
+    DIR/report.html. An option that does not apply to MODEL's kind is refused
+    (exit 2).
     """
     # start-up: the pipeline imports torch and LiteRT; `tpu-pipeline convert --help` need not
     from tpu_pipeline.convert.pipeline import ConvertOptions, convert
