@@ -4,6 +4,11 @@ The page in `web/` loads the model with @litertjs/core (wasm, XNNPACK) and
 posts its outputs back to the small HTTP server here. The web target's
 parity uses this when a Chromium and the npm package are present; callers
 decide what to do when `browser_unavailable()` gives a reason.
+
+Environment (user settings, not test hooks): TPU_PIPELINE_CHROMIUM names the
+browser binary (default: the first of CHROMIUM_NAMES on PATH);
+TPU_PIPELINE_LITERTJS_DIR names a node_modules folder holding @litertjs/core
+(default: convert/web/node_modules, which `make install` fills).
 """
 
 from __future__ import annotations
