@@ -179,3 +179,23 @@ def test_gpu_feature_padding_is_exact(monkeypatch):
         cot = torch.randn(out.shape, generator=g, **d)
         for ga, gb in zip(torch.autograd.grad(out, a, cot), torch.autograd.grad(want, b, cot)):
             torch.testing.assert_close(ga, gb, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("preset,want", [
+    ({}, "false"),
+    ({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"}, "None"),  # the user's own setting stays theirs
+])
+def test_importing_the_kernels_turns_off_jax_gpu_preallocation(preset, want):
+    """JAX would take 75% of the GPU from torch at its first GPU call; the kernels package
+    sets XLA_PYTHON_CLIENT_PREALLOCATE=false before anything in it imports JAX."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_PYTHON_CLIENT_")}
+    env.update(preset)
+    code = ("import os, sys; import tpu_pipeline.kernels; "
+            "print(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE'), 'jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [want, "False"]

@@ -136,6 +136,45 @@ def test_linear_token_logprobs(shape, hidden, vocab, blocks, dtype, gen):
     check("dweight", dw, gw, dtype, gen)
 
 
+@pytest.mark.parametrize("atomics", [True, False], ids=["gpu-atomic-backward", "two-kernel-backward"])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_linear_token_logprobs_with_the_h200_blocks(atomics, dtype, gen, monkeypatch):
+    """The H200's own block configuration (what a GPU compiles: 64-row blocks here,
+    128-wide vocabulary tiles, 64/32-wide hidden slices, the atomic backward), run in
+    interpret mode at a size with several H slices (H=96 -> 2-3 slices, padded),
+    several vocabulary tiles (V=300 -> 3, the last ragged) and padded rows (N=40)."""
+    from tpu_pipeline.kernels import _bridge, _config as C, _logprobs as L
+
+    n, hd, v = 40, 96, 300
+    seen = []
+    real = _bridge._run
+
+    def spy(fn, tensors, **static):
+        seen.append((fn, static["cfg"]))
+        return real(fn, tensors, **static)
+
+    monkeypatch.setattr(_bridge, "_run", spy)
+    if not atomics:
+        pick = C.linear_logprobs_blocks
+        monkeypatch.setattr(C, "linear_logprobs_blocks",
+                            lambda *a: __import__("dataclasses").replace(pick(*a), atomics=False))
+    h = randn(gen, n, hd, dtype=dtype)
+    w = randn(gen, v, hd, dtype=dtype, scale=0.3)
+    labels = _labels(gen, (n,), v)
+    lp = linear_token_logprobs(h, w, labels, impl="pallas")
+    (dh, dw), cot = grads(lp, (h, w), gen)
+    want, (gh, gw) = ref_grads(lambda h, w: ref.linear_token_logprobs(h, w, labels), (h, w), cot)
+    check("logprobs", lp, want, dtype, gen)
+    check("dhidden", dh, gh, dtype, gen)
+    check("dweight", dw, gw, dtype, gen)
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    fwd_cfg = dict(seen)[L.linear_token_logprobs_fwd]
+    bwd_cfg = dict(seen)[L.linear_token_logprobs_bwd]
+    assert fwd_cfg == C.linear_logprobs_blocks(n, hd, v, itemsize, C.H200, "fwd")
+    assert bwd_cfg.atomics is atomics and (bwd_cfg.rows, bwd_cfg.vocab) == (64, 128)
+    assert -(-hd // bwd_cfg.hidden) >= 2  # H really is walked in slices
+
+
 def test_gradcheck_tiny():
     """torch.autograd.gradcheck (float64, finite differences) through every custom op."""
     g = torch.Generator().manual_seed(0)
