@@ -16,7 +16,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import UserError
+from tpu_pipeline.errors import UserError
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ import importlib.resources
 import tomllib
 from pathlib import Path
 
-from .errors import UserError
+from tpu_pipeline.errors import UserError
 
 STAGES = ("train", "rl")
 
