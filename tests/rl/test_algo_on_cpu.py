@@ -3,7 +3,6 @@ functions called directly, and against values worked out by hand."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 

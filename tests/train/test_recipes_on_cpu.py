@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
-from tpu_pipeline.errors import NotBuiltError, UserError
+from tpu_pipeline.errors import UserError
 from tpu_pipeline.recipes import list_recipes
 from tpu_pipeline.train import run
 from tpu_pipeline.schedule import lr_factor
