@@ -134,9 +134,10 @@ def run(recipe: str = "grpo_math", out: str | Path | None = None, *, engine: str
 def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool, log, t_wall: float) -> dict:
     threads = set_threads(cfg.trainer.threads)
     platform = tpu_pipeline.select_device(cfg.trainer.device)
+    ckpt = Engine.checkpointer_for(cfg, out)
     # Refuses a missing, corrupt or foreign checkpoint before anything is written.
-    state = Engine.checkpointer_for(cfg, out).load(fingerprint(cfg)) if resume else None
-    if not resume and ((out / "metrics.jsonl").exists() or Engine.checkpointer_for(cfg, out).exists()):
+    state = ckpt.load(fingerprint(cfg)) if resume else None
+    if not resume and ((out / "metrics.jsonl").exists() or ckpt.exists()):
         raise UserError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     source = build_source(cfg.data, cfg.trainer.seed)
     heldout = source.heldout()
