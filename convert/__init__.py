@@ -16,7 +16,7 @@ if __name__ != "tpu_pipeline.convert":
     raise ImportError("import tpu_pipeline.convert, not a top-level 'convert'")
 
 _EXPORTS = {
-    "convert": "pipeline", "ConvertOptions": "pipeline", "load_model": "loaders", "load_profiles": "targets",
+    "convert": "pipeline", "ConvertOptions": "options", "load_model": "loaders", "load_profiles": "targets",
     "TargetProfile": "targets", "compare": "parity", "judge": "parity", "localize": "parity",
     "ModelKind": "kinds", "TargetResult": "result",
 }

@@ -22,6 +22,7 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
+from tpu_pipeline.convert.options import ConvertOptions
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo
@@ -56,7 +57,7 @@ class ModelKind(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def load(cls, path: Path, options, rng: np.random.Generator, say: Progress) -> ModelKind:
+    def load(cls, path: Path, options: ConvertOptions, rng: np.random.Generator, say: Progress) -> ModelKind:
         """Reads the model and chooses its parity inputs; raises UserError on bad input."""
 
     @abc.abstractmethod
@@ -75,7 +76,7 @@ class ModelKind(abc.ABC):
         """The `precision` variant of the float export; ConversionError if it cannot be made."""
 
     @abc.abstractmethod
-    def parity(self, profile: TargetProfile, art: Artifact, info: ModelInfo, options, work: Path,
+    def parity(self, profile: TargetProfile, art: Artifact, info: ModelInfo, options: ConvertOptions, work: Path,
                say: Progress) -> Parity:
         """Runs the artifact on the profile's runtime against PyTorch; `options` carries
         --atol/--rtol/--min-cosine overrides. `work` is a scratch folder for this target."""

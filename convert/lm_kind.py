@@ -25,6 +25,7 @@ from tpu_pipeline.convert.lm_export import (TOKENIZER_FILES, cache_lengths, eos_
                                             load_hf_causal_lm, write_decode_ready)
 from tpu_pipeline.convert.lm_runtime import META_FILE, LiteRTLanguageModel
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
+from tpu_pipeline.convert.options import ConvertOptions
 from tpu_pipeline.convert.quantize import quantize
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
 from tpu_pipeline.convert.targets import TargetProfile
@@ -83,7 +84,7 @@ class CausalLMKind(ModelKind):
         return "decode-ready LMs are not built for this target (profile causal_lm = false)"
 
     @classmethod
-    def load(cls, path: Path, o, rng: np.random.Generator, say: Progress) -> CausalLMKind:
+    def load(cls, path: Path, o: ConvertOptions, rng: np.random.Generator, say: Progress) -> CausalLMKind:
         say("load: Hugging Face causal LM (safetensors; no code from the folder runs)")
         model = load_hf_causal_lm(path)
         max_len, prefill_len = cache_lengths(model.config, o.lm_max_len, o.lm_prefill_len)
@@ -124,7 +125,8 @@ class CausalLMKind(ModelKind):
             (folder / name).write_bytes(data)
         return LiteRTLanguageModel(folder, num_threads=MEASURE_THREADS)
 
-    def parity(self, prof: TargetProfile, art: Artifact, info: ModelInfo, o, work: Path, say: Progress) -> Parity:
+    def parity(self, prof: TargetProfile, art: Artifact, info: ModelInfo, o: ConvertOptions, work: Path,
+               say: Progress) -> Parity:
         say(f"{prof.name}: greedy generations on {len(self.prompts)} prompts vs PyTorch")
         gen = generation_parity(self.model, self._runtime(art, work), self.prompts, MAX_NEW_TOKENS)
         ref_ids = gen.pop("ref_ids")

@@ -18,6 +18,7 @@ from tpu_pipeline.convert.export import export_float
 from tpu_pipeline.convert.kinds import ModelKind, Progress
 from tpu_pipeline.convert.loaders import LoadedModel, flatten_outputs, load_model
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
+from tpu_pipeline.convert.options import ConvertOptions
 from tpu_pipeline.convert.quantize import quantize
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
 from tpu_pipeline.convert.runtimes import LitertRunner, from_artifact, run_micro, to_artifact
@@ -50,7 +51,7 @@ class ModuleKind(ModelKind):
         return True  # the fallback: the loader says what it cannot read
 
     @classmethod
-    def load(cls, path: Path, o, rng: np.random.Generator, say: Progress) -> ModuleKind:
+    def load(cls, path: Path, o: ConvertOptions, rng: np.random.Generator, say: Progress) -> ModuleKind:
         say("load: reading " + str(path))
         m = load_model(path, input_shapes=list(o.input_shapes), model_class=o.model_class,
                        model_kwargs=o.model_kwargs, trust_pickle=o.trust_pickle)
@@ -96,7 +97,8 @@ class ModuleKind(ModelKind):
     def variant(self, float_model: Artifact, precision: str) -> Artifact:
         return Artifact(model=quantize(float_model.model, precision, self.calib))
 
-    def parity(self, prof: TargetProfile, art: Artifact, info: ModelInfo, o, work: Path, say: Progress) -> Parity:
+    def parity(self, prof: TargetProfile, art: Artifact, info: ModelInfo, o: ConvertOptions, work: Path,
+               say: Progress) -> Parity:
         say(f"{prof.name}: parity on {prof.runtime} over {len(self.samples)} samples")
         model, samples, ref, names = art.model, self.samples, self.ref, self.output_names
         got_ref = None
@@ -133,13 +135,13 @@ class ModuleKind(ModelKind):
                                     "conversion error: the reference kernels fail too")
         return Parity(figures=res, warnings=warnings, runtime=runtime)
 
-    def _compare(self, prof, o, ref, got) -> dict[str, dict]:
+    def _compare(self, prof: TargetProfile, o: ConvertOptions, ref, got) -> dict[str, dict]:
         return {name: parity.compare([s[k] for s in ref], [g[k] for g in got], classifier=self.classifier,
                                      atol=o.atol if o.atol is not None else prof.atol,
                                      rtol=o.rtol if o.rtol is not None else prof.rtol)
                 for k, name in enumerate(self.output_names)}
 
-    def _browser_parity(self, prof: TargetProfile, model: bytes, info: ModelInfo, o) -> dict:
+    def _browser_parity(self, prof: TargetProfile, model: bytes, info: ModelInfo, o: ConvertOptions) -> dict:
         """The web target's parity in a real browser (LiteRT.js in headless Chromium)."""
         reason = browser_unavailable()
         if reason:

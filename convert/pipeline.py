@@ -11,7 +11,6 @@ DIR/<target>/model.tflite always passed its checks.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import tempfile
 import time
@@ -26,6 +25,7 @@ from tpu_pipeline.convert.firmware import measure_arena, suggested_arena, write_
 from tpu_pipeline.convert.kinds import ModelKind, Progress
 from tpu_pipeline.convert.lm_kind import CausalLMKind
 from tpu_pipeline.convert.module_kind import ModuleKind
+from tpu_pipeline.convert.options import FLAGS, ConvertOptions
 from tpu_pipeline.convert.report import render_html
 from tpu_pipeline.convert.result import Artifact, TargetResult
 from tpu_pipeline.convert.snippets import write_snippet
@@ -36,34 +36,6 @@ from tpu_pipeline.errors import ConversionError, ParityError, UserError
 # Asked in order; the first whose detect() is true takes the model. ModuleKind
 # takes anything (its loader says what it cannot read), so it comes last.
 MODEL_KINDS: tuple[type[ModelKind], ...] = (CausalLMKind, ModuleKind)
-
-
-@dataclasses.dataclass(kw_only=True)
-class ConvertOptions:
-    targets: str = "all"                 # all or a comma list of target names
-    out: str | Path | None = None        # default dist/<model stem>/
-    input_shapes: tuple[str, ...] = ()   # --input-shape, one per input
-    model_class: str | None = None
-    model_kwargs: str | None = None
-    trust_pickle: bool = False
-    calib: str | Path | None = None      # .npz of representative inputs (static int8 calibration)
-    eval_data: str | Path | None = None  # .npz of parity inputs
-    samples: int = 8                     # parity inputs (prompts for LMs) per target
-    atol: float | None = None
-    rtol: float | None = None
-    min_cosine: float | None = None
-    seed: int = 0
-    latency: bool = True
-    profile_dir: str | Path | None = None
-    prompts: str | Path | None = None    # LMs: text file, one parity prompt per line (default: random tokens)
-    lm_max_len: int | None = None        # LMs: KV-cache length (default: min(max_position_embeddings, 256))
-    lm_prefill_len: int | None = None    # LMs: tokens per prefill call (default: min(32, max_len))
-
-
-# ConvertOptions field -> the CLI flag users know it by
-FLAGS = {"input_shapes": "--input-shape", "model_class": "--model-class", "model_kwargs": "--model-kwargs",
-         "trust_pickle": "--trust-pickle", "calib": "--calib", "eval_data": "--eval-data", "prompts": "--prompts",
-         "lm_max_len": "--max-len", "lm_prefill_len": "--prefill-len", "latency": "--no-latency"}
 
 
 def model_kind(model_path: Path) -> type[ModelKind]:

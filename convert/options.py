@@ -1,0 +1,37 @@
+"""ConvertOptions: everything `tpu-pipeline convert` takes besides MODEL, as
+one keyword-only dataclass (the CLI fills it from its flags). Some options
+mean something for one model kind only; the pipeline refuses them for the
+others (see ModelKind.refused_options)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+
+@dataclasses.dataclass(kw_only=True)
+class ConvertOptions:
+    targets: str = "all"                 # all or a comma list of target names
+    out: str | Path | None = None        # default dist/<model stem>/
+    input_shapes: tuple[str, ...] = ()   # --input-shape, one per input
+    model_class: str | None = None
+    model_kwargs: str | None = None
+    trust_pickle: bool = False
+    calib: str | Path | None = None      # .npz of representative inputs (static int8 calibration)
+    eval_data: str | Path | None = None  # .npz of parity inputs
+    samples: int = 8                     # parity inputs (prompts for LMs) per target
+    atol: float | None = None
+    rtol: float | None = None
+    min_cosine: float | None = None
+    seed: int = 0
+    latency: bool = True
+    profile_dir: str | Path | None = None
+    prompts: str | Path | None = None    # LMs: text file, one parity prompt per line (default: random tokens)
+    lm_max_len: int | None = None        # LMs: KV-cache length (default: min(max_position_embeddings, 256))
+    lm_prefill_len: int | None = None    # LMs: tokens per prefill call (default: min(32, max_len))
+
+
+# ConvertOptions field -> the CLI flag users know it by
+FLAGS = {"input_shapes": "--input-shape", "model_class": "--model-class", "model_kwargs": "--model-kwargs",
+         "trust_pickle": "--trust-pickle", "calib": "--calib", "eval_data": "--eval-data", "prompts": "--prompts",
+         "lm_max_len": "--max-len", "lm_prefill_len": "--prefill-len", "latency": "--no-latency"}
