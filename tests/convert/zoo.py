@@ -21,6 +21,7 @@ file by path), so it imports nothing from the tests package.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 from pathlib import Path
 from typing import Callable
@@ -152,7 +153,8 @@ MEMBERS: dict[str, Member] = {m.name: m for m in [
     }, head="classifier"),
 ]}
 
-# Users' attention: eager (the sdpa path exports too, but eager is what most exports used before sdpa).
+# Inference: no dropout or stochastic depth (eval mode turns them off too; zero keeps the configs honest).
+# Attention stays transformers' default implementation (sdpa), what a user's export gets.
 _CONFIG_COMMON = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "dropout": 0.0,
                   "attention_dropout": 0.0, "drop_path_rate": 0.0}
 
@@ -195,7 +197,6 @@ def build(name: str, size: str = "tiny", seed: int = 0) -> Built:
     for k, v in _CONFIG_COMMON.items():
         if hasattr(cfg, k):
             setattr(cfg, k, v)
-    cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = _model_class(member.model_class)(cfg).eval()
     gen = torch.Generator().manual_seed(seed)
@@ -214,7 +215,7 @@ def _model_class(path: str):
     if "." not in path:
         return getattr(transformers, path)
     module, _, cls = path.rpartition(".")
-    return getattr(__import__(f"transformers.models.{module}", fromlist=[cls]), cls)
+    return getattr(importlib.import_module(f"transformers.models.{module}"), cls)
 
 
 def _inputs(kind: str, cfg, n: int, b: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
