@@ -53,38 +53,38 @@ MEMBERS: dict[str, Member] = {m.name: m for m in [
     Member("resnet", "ResNetForImageClassification", "logits", "classification", "image", {
         "tiny": _img("ResNetConfig", 32, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic",
                      num_labels=10),
-        "bench": _img("ResNetConfig", 160, embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2],
+        "bench": _img("ResNetConfig", 128, embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2],
                       layer_type="basic", num_labels=1000),  # ResNet-18
     }, head="classifier.1"),
     Member("convnext", "ConvNextForImageClassification", "logits", "classification", "image", {
         "tiny": _img("ConvNextConfig", 32, hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, num_labels=10),
-        "bench": _img("ConvNextConfig", 160, hidden_sizes=[40, 80, 160, 320], depths=[2, 2, 6, 2],
+        "bench": _img("ConvNextConfig", 128, hidden_sizes=[40, 80, 160, 320], depths=[2, 2, 6, 2],
                       num_labels=1000),  # ConvNeXt-atto
     }, head="classifier"),
     Member("mobilenet_v2", "MobileNetV2ForImageClassification", "logits", "classification", "image", {
         "tiny": _img("MobileNetV2Config", 32, image_size=32, depth_multiplier=0.25, num_labels=10),
-        "bench": _img("MobileNetV2Config", 160, image_size=160, depth_multiplier=1.0, num_labels=1000),
+        "bench": _img("MobileNetV2Config", 128, image_size=128, depth_multiplier=1.0, num_labels=1000),
     }, head="classifier"),
     Member("mobilenet_v1", "MobileNetV1ForImageClassification", "logits", "classification", "image", {
         "tiny": _img("MobileNetV1Config", 32, image_size=32, depth_multiplier=0.25, num_labels=10),
-        "bench": _img("MobileNetV1Config", 160, image_size=160, depth_multiplier=0.5, num_labels=1000),
+        "bench": _img("MobileNetV1Config", 128, image_size=128, depth_multiplier=0.5, num_labels=1000),
     }, head="classifier"),
     Member("efficientnet", "EfficientNetForImageClassification", "logits", "classification", "image", {
         "tiny": _img("EfficientNetConfig", 32, image_size=32, width_coefficient=0.25, depth_coefficient=0.25,
                      hidden_dim=320, num_labels=10),
-        "bench": _img("EfficientNetConfig", 160, image_size=160, width_coefficient=1.0, depth_coefficient=1.0,
+        "bench": _img("EfficientNetConfig", 128, image_size=128, width_coefficient=1.0, depth_coefficient=1.0,
                       hidden_dim=1280, num_labels=1000),  # B0
     }, head="classifier"),
     Member("regnet", "RegNetForImageClassification", "logits", "classification", "image", {
         "tiny": _img("RegNetConfig", 32, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], groups_width=8,
                      num_labels=10),
-        "bench": _img("RegNetConfig", 160, embedding_size=32, hidden_sizes=[24, 56, 152, 368], depths=[1, 1, 4, 7],
+        "bench": _img("RegNetConfig", 128, embedding_size=32, hidden_sizes=[24, 56, 152, 368], depths=[1, 1, 4, 7],
                       groups_width=8, num_labels=1000),  # RegNetY-400MF shape
     }, head="classifier.1"),
     Member("mobilevit", "MobileViTForImageClassification", "logits", "classification", "image", {
         "tiny": _img("MobileViTConfig", 64, image_size=64, hidden_sizes=[16, 24, 32],
                      neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], num_attention_heads=2, num_labels=10),
-        "bench": _img("MobileViTConfig", 160, image_size=160, hidden_sizes=[64, 80, 96],
+        "bench": _img("MobileViTConfig", 128, image_size=128, hidden_sizes=[64, 80, 96],
                       neck_hidden_sizes=[16, 16, 24, 48, 64, 80, 320], num_labels=1000),  # MobileViT-XXS
     }, head="classifier"),
     Member("vit", "ViTForImageClassification", "logits", "classification", "image", {
@@ -140,7 +140,7 @@ MEMBERS: dict[str, Member] = {m.name: m for m in [
         "tiny": ("WhisperConfig", dict(num_mel_bins=16, d_model=32, encoder_layers=2, encoder_attention_heads=2,
                                        encoder_ffn_dim=64, max_source_positions=16), 32),
         "bench": ("WhisperConfig", dict(num_mel_bins=80, d_model=384, encoder_layers=4, encoder_attention_heads=6,
-                                        encoder_ffn_dim=1536, max_source_positions=1500), 3000),  # whisper-tiny
+                                        encoder_ffn_dim=1536, max_source_positions=750), 1500),  # whisper-tiny, 15 s windows
     }),
     Member("wav2vec2", "Wav2Vec2ForSequenceClassification", "logits", "classification", "waveform", {
         "tiny": ("Wav2Vec2Config", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
