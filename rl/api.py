@@ -16,13 +16,15 @@ from tpu_pipeline.files import atomic_write_json
 from tpu_pipeline.kernels import use_kernels
 from tpu_pipeline.metrics import MetricsWriter
 from tpu_pipeline.rl import algo
+from tpu_pipeline.rl import countdown  # also registers the countdown data source
 from tpu_pipeline.rl.config import RLConfig, fingerprint, load_recipe, to_dict
 from tpu_pipeline.rl.curve import plot_curve
 from tpu_pipeline.rl.data import build_source
 from tpu_pipeline.rl.engine import Engine, make_reference, set_threads, write_eval
 from tpu_pipeline.rl.evaluate import evaluate
-from tpu_pipeline.rl.policy import (build_optimizer, load_policy, save_policy, warm_start, warm_start_overrides,
-                                    warm_start_training_set)
+from tpu_pipeline.rl.lora import AdaptersOff, add_lora
+from tpu_pipeline.rl.policy import (build_optimizer, check_policy_files, load_policy, save_policy, warm_start,
+                                    warm_start_overrides, warm_start_training_set)
 from tpu_pipeline.rl.rewards import GuardedReward, load_reward
 from tpu_pipeline.training import Hook
 
@@ -50,13 +52,17 @@ def validate(cfg: RLConfig) -> None:
         (d.max_prompt_length >= 2 and d.max_response_length >= 1, "data.max_prompt_length >= 2 and max_response_length >= 1"),
         (t.max_nan_steps >= 1, "trainer.max_nan_steps must be >= 1"),
         (t.reward_timeout_s > 0, "trainer.reward_timeout_s must be > 0"),
+        (t.micro_batch_size >= 0, f"trainer.micro_batch_size must be >= 0, got {t.micro_batch_size}"),
+        (cfg.policy.lora_rank >= 0, f"policy.lora_rank must be >= 0, got {cfg.policy.lora_rank}"),
+        (bool(cfg.policy.path or cfg.policy.warm_start),
+         "needs a policy: pass --policy DIR (a Hugging Face causal LM folder)"),
     ]
     for ok, msg in checks:
         if not ok:
             raise UserError(f"recipe {cfg.name}: {msg}")
     if not d.file:
         try:
-            d.arith_difficulty()
+            countdown.difficulty(d) if countdown.TASK in d.tasks else d.arith_difficulty()
         except UserError as e:
             raise UserError(f"recipe {cfg.name}: data.difficulty: {e}") from None
     algo.check(cfg.algorithm)
@@ -64,12 +70,12 @@ def validate(cfg: RLConfig) -> None:
 
 def prepare_config(recipe: str, *, steps: int | None = None, time_budget_s: float | None = None, seed: int | None = None,
                    data: str | None = None, reward: str | None = None, kernels: str | None = None,
-                   device: str | None = None, policy: str | None = None,
+                   device: str | None = None, policy: str | None = None, lora_rank: int | None = None,
                    overrides: dict[str, Any] | None = None) -> RLConfig:
     ov = dict(overrides or {})
     for key, val in (("trainer.steps", steps), ("trainer.time_budget_s", time_budget_s), ("trainer.seed", seed),
                      ("data.file", data), ("trainer.reward", reward), ("trainer.kernels", kernels),
-                     ("trainer.device", device), ("policy.path", policy)):
+                     ("trainer.device", device), ("policy.path", policy), ("policy.lora_rank", lora_rank)):
         if val is not None:
             ov[key] = val
     if steps is not None and time_budget_s is None:
@@ -80,25 +86,35 @@ def prepare_config(recipe: str, *, steps: int | None = None, time_budget_s: floa
 
 
 def _policy_and_optimizer(cfg: RLConfig, platform, log):
+    """(model, tokenizer, optimizer, facts, Lora or None); with LoRA the model is the
+    adapted one and the optimizer holds only the adapter weights."""
+    lora = cfg.policy.lora_rank > 0
     if cfg.policy.path:
         path = Path(cfg.policy.path)
+        check_policy_files(path, need_chat_template=cfg.policy.require_chat_template)
         info = {"path": str(path), "cached": None, "seconds": 0.0}
-        carry = path.parent / "optimizer.pt" if cfg.policy.carry_optimizer_state else None
+        carry = path.parent / "optimizer.pt" if cfg.policy.carry_optimizer_state and not lora else None
     else:
         folder, info = warm_start(cfg.policy.warm_start, warm_start_overrides(cfg), device=cfg.trainer.device,
                                   kernels=cfg.trainer.kernels, log=log)
         path = folder / "hf"
-        carry = folder / "optimizer.pt" if cfg.policy.carry_optimizer_state else None
+        carry = folder / "optimizer.pt" if cfg.policy.carry_optimizer_state and not lora else None
     model, tok = load_policy(path, platform.device)
     kernels = cfg.trainer.kernels
     if kernels == "pallas" or (kernels == "auto" and platform.kind != "cpu"):
         # RMSNorm and attention through tpu_pipeline.kernels; on CPU "auto" keeps the plain
         # model (Pallas only runs interpreted there, a correctness tool, not a fast path).
         use_kernels(model, kernels)
+    adapted = None
+    if lora:
+        adapted = add_lora(model, rank=cfg.policy.lora_rank, alpha=cfg.policy.lora_alpha,
+                           target_modules=cfg.policy.lora_target_modules)
+        model = adapted.model
+        info["lora_trainable_parameters"] = adapted.trainable_parameters()
     opt, carried = build_optimizer(model, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                    carry_from=carry if carry and carry.is_file() else None)
     info["optimizer_state_carried"] = carried
-    return model, tok, opt, info
+    return model, tok, opt, info, adapted
 
 
 def run(recipe: str = "grpo_math", out: str | Path | None = None, *, engine: str = "local", steps: int | None = None,
@@ -106,7 +122,7 @@ def run(recipe: str = "grpo_math", out: str | Path | None = None, *, engine: str
         reward: str | None = None, kernels: str | None = None, device: str | None = None,
         policy: str | None = None, resume: bool = False, overrides: dict[str, Any] | None = None,
         hooks: Sequence[Hook] = (), progress: bool = True, log: Callable[[str], None] | None = None,
-        dry_run: bool = False, ray_address: str | None = None) -> dict:
+        dry_run: bool = False, ray_address: str | None = None, lora_rank: int | None = None) -> dict:
     """Runs an rl recipe; returns the eval figures (DIR/eval.json).
 
     hooks: `hook(step, row)` after every RL step (tpu_pipeline.training.Hook, as in train).
@@ -119,12 +135,14 @@ def run(recipe: str = "grpo_math", out: str | Path | None = None, *, engine: str
         raise UserError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
     t_wall = time.time()
     cfg = prepare_config(recipe, steps=steps, time_budget_s=time_budget_s, seed=seed, data=data, reward=reward,
-                         kernels=kernels, device=device, policy=policy, overrides=overrides)
+                         kernels=kernels, device=device, policy=policy, lora_rank=lora_rank, overrides=overrides)
     out = Path(out) if out else Path("runs") / cfg.name
     if engine == "verl":
         # heavy: the bridge composes VeRL's hydra config (hydra, omegaconf, verl)
         from tpu_pipeline.rl.verl_bridge import launch
 
+        if cfg.policy.path:
+            check_policy_files(cfg.policy.path, need_chat_template=cfg.policy.require_chat_template)
         return launch(cfg, out, dry_run=dry_run, ray_address=ray_address, log=log)
     if dry_run:
         raise UserError("--dry-run applies to --engine verl (it prints the VeRL command and config)")
@@ -142,12 +160,15 @@ def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool,
     source = build_source(cfg.data, cfg.trainer.seed)
     heldout = source.heldout()
     reward_fn = load_reward(cfg.trainer.reward)
-    model, tok, opt, ws_info = _policy_and_optimizer(cfg, platform, log)
+    model, tok, opt, ws_info, lora = _policy_and_optimizer(cfg, platform, log)
     out.mkdir(parents=True, exist_ok=True)
     if state is None:  # a resumed run keeps the config.json it started with (the checkpoint matched it)
         atomic_write_json(out / "config.json", to_dict(cfg))
     guard = GuardedReward(reward_fn, cfg.trainer.reward_timeout_s)
-    ref = make_reference(model) if (cfg.algorithm.use_kl_loss or cfg.trainer.track_kl) else None
+    ref = None
+    if cfg.algorithm.use_kl_loss or cfg.trainer.track_kl:
+        # LoRA: the reference is the policy with its adapters off (no second copy of the weights).
+        ref = AdaptersOff(lora) if lora else make_reference(model)
     eng = Engine(cfg=cfg, model=model, tokenizer=tok, optimizer=opt, source=source, reward=guard, out=out,
                  device=platform.device, hooks=list(hooks), ref_model=ref)
     before_path = out / "eval_before.json"
@@ -175,7 +196,8 @@ def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool,
     if cfg.trainer.save_every and eng.step % cfg.trainer.save_every:
         eng.save_checkpoint()
     after = {**eng.evaluate(heldout, k=cfg.trainer.eval_k), "policy": str(out / "policy")}
-    save_policy(model, tok, out / "policy")
+    # LoRA adapters are folded into plain weights: policy/ loads without peft (and converts).
+    save_policy(lora.merged() if lora else model, tok, out / "policy")
     unseen = _unseen_by_warm_start(cfg, eng, source, before)
     evals = {
         "before": before, "after": after,
@@ -227,12 +249,14 @@ def evaluate_policy(recipe: str, policy: str | Path, *, seed: int | None = None,
         problems, split = source.heldout(), "heldout"
     else:
         problems, split = source.fresh(cfg.data.heldout_n, seed), f"fresh(seed={seed})"
+    check_policy_files(policy, need_chat_template=cfg.policy.require_chat_template)
     model, tok = load_policy(policy, platform.device)
     guard = GuardedReward(load_reward(cfg.trainer.reward), cfg.trainer.reward_timeout_s)
     try:
         res = evaluate(model, tok, problems, lambda items: guard(items).scores, max_prompt_length=cfg.data.max_prompt_length,
                        max_response_length=cfg.data.max_response_length, overlong=cfg.data.overlong_prompt,
-                       k=cfg.trainer.eval_k if k is None else k, temperature=cfg.trainer.eval_temperature)
+                       k=cfg.trainer.eval_k if k is None else k, temperature=cfg.trainer.eval_temperature,
+                       precision=cfg.trainer.precision)
     finally:
         guard.close()
     return {"policy": str(policy), "split": split, **res}

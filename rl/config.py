@@ -22,6 +22,10 @@ class PolicyConfig:
     warm_start_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     path: str = ""
     carry_optimizer_state: bool = True
+    require_chat_template: bool = False  # refuse a policy whose tokenizer has none (chat-message recipes)
+    lora_rank: int = 0  # > 0: train LoRA adapters only (rl/lora.py), merged into policy/ at the end
+    lora_alpha: float = 0.0  # 0 = 2 * lora_rank
+    lora_target_modules: str = "all-linear"  # peft target_modules: "all-linear" or comma-separated names
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -46,6 +50,22 @@ class RolloutConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (VeRL algorithm.filter_groups): keep only groups whose
+    verifier scores differ, sampling more prompts until the batch is full."""
+    enable: bool = False
+    max_num_gen_batches: int = 3  # generation rounds per step at most (the first included)
+
+
+@dataclasses.dataclass(kw_only=True)
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment (VeRL reward_model.overlong_buffer, DAPORewardManager)."""
+    enable: bool = False
+    len: int = 4  # the last `len` tokens before data.max_response_length are the buffer
+    penalty_factor: float = 1.0  # penalty at max_response_length (linear from 0 at the buffer's start)
+
+
+@dataclasses.dataclass(kw_only=True)
 class AlgorithmConfig:
     adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
     norm_adv_by_std_in_grpo: bool = True
@@ -58,6 +78,8 @@ class AlgorithmConfig:
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "low_var_kl"
     drop_uniform_groups: bool = True
+    filter_groups: FilterGroupsConfig = dataclasses.field(default_factory=FilterGroupsConfig)
+    overlong_buffer: OverlongBufferConfig = dataclasses.field(default_factory=OverlongBufferConfig)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -88,6 +110,8 @@ class TrainerConfig:
     device: str = "auto"
     kernels: Literal["auto", "pallas", "torch"] = "auto"
     threads: int = 0
+    precision: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 elsewhere
+    micro_batch_size: int = 0  # rows per forward/backward, gradients accumulated (0 = whole minibatch)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -102,6 +126,8 @@ class VerlConfig:
 @dataclasses.dataclass(kw_only=True)
 class RLConfig:
     description: str = ""
+    expected_minutes_cpu: float = 0.0  # default run's wall minutes on 2 CPU cores (tpu-pipeline recipes; 0: not measured)
+    expected_minutes_gpu: float = 0.0  # the same on one GPU (0: not measured)
     name: str = ""
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -134,7 +160,7 @@ _RESUMABLE = {"trainer": ("steps", "time_budget_s", "save_every", "keep_checkpoi
 def fingerprint(cfg: RLConfig) -> dict:
     """What a checkpoint must agree with to be resumed (tpu_pipeline.checkpoint compares it)."""
     d = to_dict(cfg)
-    for k in ("description", "verl"):
+    for k in ("description", "expected_minutes_cpu", "expected_minutes_gpu", "verl"):
         d.pop(k, None)
     for section, keys in _RESUMABLE.items():
         for k in keys:

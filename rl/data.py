@@ -230,8 +230,28 @@ def write_parquet(problems: Sequence[Problem], path: str | Path, split: str) -> 
     return Path(path)
 
 
+# Parquet files shipped inside the package (grpo_gsm8k's offline problems): a recipe or
+# --data names one by its bare file name.
+DATASETS = Path(__file__).parent / "datasets"
+
+
+def resolve_data_file(file: str | Path) -> Path:
+    """`file` as given when it exists; else, for a bare file name, the shipped dataset of that name."""
+    path = Path(file)
+    if not path.exists() and path.name == str(file) and (DATASETS / path.name).is_file():
+        return DATASETS / path.name
+    return path
+
+
+# Sources of tasks outside arithmetic, by task name: factory(data_cfg, seed). Their modules
+# register themselves (tpu_pipeline.rl.countdown; rl/api.py imports them).
+TASK_SOURCES: dict[str, Any] = {}
+
+
 def build_source(data_cfg, seed: int, file: str = ""):
     file = file or data_cfg.file
+    if not file and any(t in TASK_SOURCES for t in data_cfg.tasks):
+        return TASK_SOURCES[next(t for t in data_cfg.tasks if t in TASK_SOURCES)](data_cfg, seed)
     if file:
-        return ParquetSource(file, data_cfg.heldout_n, seed)
+        return ParquetSource(resolve_data_file(file), data_cfg.heldout_n, seed)
     return ArithSource(data_cfg.tasks, data_cfg.arith_difficulty(), data_cfg.heldout_n)

@@ -18,6 +18,12 @@ Where it departs from the GRPO paper (DeepSeekMath) and VeRL's defaults, and why
   beta=0.04): the KL to the warm start is still measured and logged;
 - one PPO epoch over the whole batch by default, so old log-probs equal the
   current ones and the ratio clip only acts with ppo_epochs/minibatches > 1.
+
+DAPO (dapo_math) switches on two options of the same loop, not a copy of it:
+`algorithm.filter_groups` (dynamic sampling: `sample_groups` draws more rounds
+of prompts until the batch holds prompts_per_step groups whose scores differ)
+and `algorithm.overlong_buffer` (the shaped reward of `sample`); see
+tpu_pipeline.rl.dapo.
 """
 
 from __future__ import annotations
@@ -34,12 +40,14 @@ import torch
 from tpu_pipeline.checkpoint import Checkpointer
 from tpu_pipeline.files import atomic_write_json
 from tpu_pipeline.metrics import MetricsWriter
-from tpu_pipeline.rl import algo
+from tpu_pipeline.rl import algo, dapo
+from tpu_pipeline.rl.accel import autocast, chunk_weight, micro_batches, sampling_generator
 from tpu_pipeline.rl.config import RLConfig, fingerprint
+from tpu_pipeline.rl.dapo import Sampled
 from tpu_pipeline.rl.data import Problem, _seed
 from tpu_pipeline.rl.evaluate import decode, encode_prompts, evaluate
 from tpu_pipeline.rl.rewards import GuardedReward
-from tpu_pipeline.rl.rollout import generate, grouped_token_logprobs, token_logprobs
+from tpu_pipeline.rl.rollout import Rollout, generate, grouped_token_logprobs, token_logprobs
 from tpu_pipeline.schedule import lr_factor
 from tpu_pipeline.training import Hook, call_hooks, diverged
 
@@ -94,47 +102,108 @@ class Engine:
         d, t = self.cfg.data, self.cfg.trainer
         return evaluate(self.model, self.tokenizer, problems, self.score, max_prompt_length=d.max_prompt_length,
                         max_response_length=d.max_response_length, overlong=d.overlong_prompt, k=k,
-                        temperature=t.eval_temperature, seed=_seed("eval", t.seed))
+                        temperature=t.eval_temperature, seed=_seed("eval", t.seed), precision=t.precision)
+
+    def autocast(self):
+        return autocast(self.cfg.trainer.precision, self.device)
 
     # ----------------------------------------------------------------- one step
     def train_step(self) -> dict:
         cfg, alg = self.cfg, self.cfg.algorithm
         t_start = time.time()
-        step, seed, n = self.step, cfg.trainer.seed, cfg.rollout.n
-        problems: list[Problem] = self.source.train_batch(step, cfg.trainer.prompts_per_step, seed)
+        step, seed, n, P = self.step, cfg.trainer.seed, cfg.rollout.n, cfg.trainer.prompts_per_step
+        problems: list[Problem] = self.source.train_batch(step, P, seed)
+        first = self.sample(problems, _seed("rollout", seed, step), uid=f"{step}")
+        got, rounds = self.sample_groups(first)
+        t_reward = time.time()
+        scores, r = first.scores, first.rollout
+        rlen = r.response_mask.sum(-1).float()
+        # Reward and accuracy are of the first round: the policy on a fresh draw of prompts.
+        row = {"step": step + 1, "reward": float(sum(scores) / len(scores)),
+               "accuracy": float(sum(1 for s in scores if s >= 1.0) / len(scores)),
+               "response_length": float(rlen.mean()), "truncated": float(r.truncated.float().mean()),
+               "lr": self.lr_at(step), "reward_errors": sum(x.errors for x in rounds),
+               "reward_timeouts": sum(x.timeouts for x in rounds)}
+        first_error = next((x.first_error for x in rounds if x.first_error), "")
+        if first_error:
+            row["reward_error"] = first_error[:200]
+        if alg.overlong_buffer.enable:
+            row["overlong_reward"] = float(sum(first.rewards) - sum(scores)) / len(scores)
+        if alg.filter_groups.enable:
+            row["gen_batches"] = len(rounds)
+        if not got.problems:
+            row.update(groups_kept=0, skipped="no informative group")
+            return self._timed(row, t_start, first.extra["rollout_seconds"], t_reward)
+        g = got.rollout
+        batch = algo.make_batch(prompts=g.prompts.cpu(), prompt_mask=g.prompt_mask.cpu(), responses=g.responses.cpu(),
+                                response_mask=g.response_mask.cpu(), scores=got.rewards, uids=got.uids,
+                                data_sources=[p.data_source for p in got.problems for _ in range(n)])
+        algo.compute_advantages(batch, alg)
+        keep = algo.informative_rows(batch) if alg.drop_uniform_groups else None
+        sub = batch if keep is None else batch.select_idxs(keep)
+        row["groups_kept"] = int(len(sub) // n) if keep is not None else len(got.problems)
+        row.update(self._update(sub) if len(sub) else {"skipped": "no informative group"})
+        return self._timed(row, t_start, sum(x.extra["rollout_seconds"] for x in rounds), t_reward)
+
+    def _timed(self, row: dict, t_start: float, rollout_s: float, t_reward: float) -> dict:
+        t_end = time.time()
+        row.update(rollout_seconds=rollout_s, reward_seconds=t_reward - t_start - rollout_s,
+                   update_seconds=t_end - t_reward, step_seconds=t_end - t_start)
+        return row
+
+    def sample(self, problems: list[Problem], gen_seed: int, uid: str) -> Sampled:
+        """n samples per prompt, their verifier scores, and the shaped rewards advantages
+        are computed on (the verifier's score plus DAPO's overlong penalty when enabled)."""
+        cfg, n = self.cfg, self.cfg.rollout.n
+        t0 = time.time()
         ids = encode_prompts(self.tokenizer, problems, cfg.data.max_prompt_length, cfg.data.overlong_prompt)
-        gen = torch.Generator().manual_seed(_seed("rollout", seed, step))
+        gen = sampling_generator(self.device, gen_seed)
         self.model.eval()
-        r = generate(self.model, ids, n=n, max_new_tokens=cfg.data.max_response_length,
-                     temperature=cfg.rollout.temperature, eos_id=self.tokenizer.eos_token_id,
-                     pad_id=self.tokenizer.pad_token_id, generator=gen)
+        with self.autocast():
+            r = generate(self.model, ids, n=n, max_new_tokens=cfg.data.max_response_length,
+                         temperature=cfg.rollout.temperature, eos_id=self.tokenizer.eos_token_id,
+                         pad_id=self.tokenizer.pad_token_id, generator=gen)
         texts = decode(self.tokenizer, r.responses, r.response_mask)
         items = [(p.data_source, texts[i * n + j], p.ground_truth, p.extra_info)
                  for i, p in enumerate(problems) for j in range(n)]
         t_roll = time.time()
         scores = self.score(items)
         rep = self._last_report
-        t_reward = time.time()
-        batch = algo.make_batch(prompts=r.prompts.cpu(), prompt_mask=r.prompt_mask.cpu(), responses=r.responses.cpu(),
-                                response_mask=r.response_mask.cpu(), scores=scores,
-                                uids=[f"{step}-{i}" for i in range(len(problems)) for _ in range(n)],
-                                data_sources=[p.data_source for p in problems for _ in range(n)])
-        algo.compute_advantages(batch, alg)
-        rlen = r.response_mask.sum(-1).float()
-        row = {"step": step + 1, "reward": float(sum(scores) / len(scores)),
-               "accuracy": float(sum(1 for s in scores if s >= 1.0) / len(scores)),
-               "response_length": float(rlen.mean()), "truncated": float(r.truncated.float().mean()),
-               "lr": self.lr_at(step), "reward_errors": rep.errors, "reward_timeouts": rep.timeouts}
-        if rep.first_error:
-            row["reward_error"] = rep.first_error[:200]
-        keep = algo.informative_rows(batch) if alg.drop_uniform_groups else None
-        sub = batch if keep is None else batch.select_idxs(keep)
-        row["groups_kept"] = int(len(sub) // n) if keep is not None else len(problems)
-        row.update(self._update(sub) if len(sub) else {"skipped": "no informative group"})
-        t_end = time.time()
-        row.update(rollout_seconds=t_roll - t_start, reward_seconds=t_reward - t_roll,
-                   update_seconds=t_end - t_reward, step_seconds=t_end - t_start)
-        return row
+        rewards = list(scores)
+        ob = cfg.algorithm.overlong_buffer
+        if ob.enable:
+            pen = dapo.overlong_penalty(r.response_mask.sum(-1).tolist(), cfg.data.max_response_length, ob.len,
+                                        ob.penalty_factor)
+            rewards = [s + p for s, p in zip(scores, pen)]
+        return Sampled(list(problems), Rollout(r.prompts.cpu(), r.prompt_mask.cpu(), r.responses.cpu(),
+                                               r.response_mask.cpu(), r.truncated.cpu()),
+                       scores, rewards, [f"{uid}-{i}" for i in range(len(problems)) for _ in range(n)], n,
+                       rep.errors, rep.timeouts, rep.first_error, {"rollout_seconds": t_roll - t0})
+
+    def sample_groups(self, first: Sampled) -> tuple[Sampled, list[Sampled]]:
+        """The groups this step trains on, and every generation round it took.
+
+        Without algorithm.filter_groups: the first round as it is. With it (DAPO's dynamic
+        sampling): only groups whose verifier scores differ, from further rounds of fresh
+        prompts until prompts_per_step groups are kept or max_num_gen_batches rounds ran;
+        the extra groups beyond prompts_per_step are dropped, as VeRL's DAPO trainer does.
+        """
+        fg, P, seed = self.cfg.algorithm.filter_groups, self.cfg.trainer.prompts_per_step, self.cfg.trainer.seed
+        if not fg.enable:
+            return first, [first]
+        rounds, kept, total = [first], [], 0
+        while True:
+            cur = rounds[-1]
+            groups = dapo.varied_groups(cur.scores, cur.n)[: P - total]
+            kept.append(cur.select(groups))
+            total += len(groups)
+            if total >= P or len(rounds) >= fg.max_num_gen_batches:
+                break
+            k = len(rounds)
+            more = self.source.train_batch(self.step, P, _seed("refill", seed, k))
+            rounds.append(self.sample(more, _seed("rollout", seed, self.step, k), uid=f"{self.step}.{k}"))
+        kept = [x for x in kept if x.problems]
+        return (dapo.concat(kept, self.tokenizer.pad_token_id) if kept else first.select([])), rounds
 
     def _update(self, batch) -> dict:
         cfg, alg = self.cfg, self.cfg.algorithm
@@ -157,46 +226,60 @@ class Engine:
         prompts, pmask, responses = input_ids[:, :P], attn[:, :P], input_ids[:, P:]
         grouped = (on_policy and len(input_ids) % n == 0 and _plain_logprobs(kernels, self.device)
                    and bool((prompts.view(-1, n, P) == prompts[::n, None, :]).all()))
-        with torch.no_grad():
-            old = None if on_policy else token_logprobs(self.model, input_ids, attn, width, temp, kernels)
-            ref = None
-            if want_ref and grouped:
-                ref = grouped_token_logprobs(self.ref_model, prompts, pmask, responses, mask, n, temp)
-            elif want_ref:
-                ref = token_logprobs(self.ref_model, input_ids, attn, width, temp, kernels)
+        B = input_ids.shape[0]
+        # trainer.micro_batch_size bounds the rows of one forward/backward (activation
+        # memory of a large policy); grouped chunks hold whole groups.
+        micro, group = cfg.trainer.micro_batch_size, (n if grouped else 1)
+
+        def logprobs(model, rows, use_groups):
+            with self.autocast():
+                if use_groups:
+                    return grouped_token_logprobs(model, prompts[rows], pmask[rows], responses[rows], mask[rows],
+                                                  n, temp)
+                return token_logprobs(model, input_ids[rows], attn[rows], width, temp, kernels)
+
+        def no_grad_logprobs(model, use_groups):
+            rows = torch.arange(B, device=self.device)
+            with torch.no_grad():
+                return torch.cat([logprobs(model, c, use_groups).float()
+                                  for c in micro_batches(rows, micro, n if use_groups else 1)])
+
+        old = None if on_policy else no_grad_logprobs(self.model, False)
+        ref = no_grad_logprobs(self.ref_model, grouped) if want_ref else None
         lr = self.lr_at(self.step)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.model.train()
-        B = input_ids.shape[0]
         gen = torch.Generator().manual_seed(_seed("minibatch", cfg.trainer.seed, self.step))
         mb = max(1, math.ceil(B / cfg.trainer.minibatches))
+        agg = algo.resolve(alg)["loss_agg_mode"]
+        if on_policy:  # filled chunk by chunk with the current log-probs (detached)
+            old = torch.zeros_like(adv)
         stats: dict[str, list[float]] = {}
         for _ in range(cfg.trainer.ppo_epochs):
             order = torch.randperm(B, generator=gen) if cfg.trainer.minibatches > 1 else torch.arange(B)
             for s in range(0, B, mb):
                 idx = order[s:s + mb].to(self.device)
-                if grouped:
-                    logp = grouped_token_logprobs(self.model, prompts, pmask, responses, mask, n, temp)
-                else:
-                    logp = token_logprobs(self.model, input_ids[idx], attn[idx], width, temp, kernels)
-                if on_policy:
-                    old = logp.detach()
-                loss, m = algo.policy_loss(old_log_prob=old[idx], log_prob=logp, advantages=adv[idx],
-                                           response_mask=mask[idx], alg=alg,
-                                           ref_log_prob=ref[idx] if ref is not None else None)
-                if not torch.isfinite(loss):
-                    return self._nan("loss")
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                for rows in micro_batches(idx, micro, group):
+                    logp = logprobs(self.model, rows, grouped).float()
+                    if on_policy:
+                        old[rows] = logp.detach()
+                    loss, m = algo.policy_loss(old_log_prob=old[rows], log_prob=logp, advantages=adv[rows],
+                                               response_mask=mask[rows], alg=alg,
+                                               ref_log_prob=ref[rows] if ref is not None else None)
+                    if not torch.isfinite(loss):
+                        return self._nan("loss")
+                    # Chunk losses weighted so their gradients sum to the minibatch's VeRL loss.
+                    (loss * chunk_weight(mask[rows], mask[idx], agg)).backward()
+                    for k, v in m.items():
+                        stats.setdefault(k, []).append(v)
                 gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
                 if not torch.isfinite(gnorm):
                     self.optimizer.zero_grad(set_to_none=True)
                     return self._nan("gradient")
                 self.optimizer.step()
-                m["grad_norm"] = float(gnorm)
-                for k, v in m.items():
-                    stats.setdefault(k, []).append(v)
+                stats.setdefault("grad_norm", []).append(float(gnorm))
         self.nan_streak = 0
         out = {k: sum(v) / len(v) for k, v in stats.items()}
         if ref is not None:  # KL of the policy that sampled this batch to the frozen warm start

@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 import torch
 
 from tpu_pipeline.errors import UserError
+from tpu_pipeline.rl.accel import autocast, sampling_generator
 from tpu_pipeline.rl.data import Problem
 from tpu_pipeline.rl.rollout import generate
 
@@ -33,22 +34,25 @@ def decode(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
 @torch.no_grad()
 def evaluate(model, tokenizer, problems: Sequence[Problem], score: Callable, *, max_prompt_length: int,
              max_response_length: int, overlong: str = "truncate", k: int = 0, temperature: float = 1.0,
-             seed: int = 0, batch_size: int = 512) -> dict:
+             seed: int = 0, batch_size: int = 512, precision: str = "float32") -> dict:
     """{"accuracy": greedy pass@1, "n": ..., "pass_at_k": ..., "k": ..., "seconds": ...}.
 
     `score(items) -> list[float]` with items (data_source, text, ground_truth, extra_info).
+    `precision`: trainer.precision (bf16 autocast on CUDA for "auto").
     """
     was_training = model.training
     model.eval()
     t0 = time.time()
     ids = encode_prompts(tokenizer, problems, max_prompt_length, overlong)
-    gen = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    gen = sampling_generator(device, seed)
     correct = 0.0
     passed = 0.0
     for s in range(0, len(problems), batch_size):
         chunk = problems[s:s + batch_size]
-        r = generate(model, ids[s:s + batch_size], n=1, max_new_tokens=max_response_length, temperature=0.0,
-                     eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, greedy=True)
+        with autocast(precision, device):
+            r = generate(model, ids[s:s + batch_size], n=1, max_new_tokens=max_response_length, temperature=0.0,
+                         eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, greedy=True)
         texts = decode(tokenizer, r.responses, r.response_mask)
         scores = score([(p.data_source, t, p.ground_truth, p.extra_info) for p, t in zip(chunk, texts)])
         correct += sum(1.0 for x in scores if x >= 1.0)
@@ -56,9 +60,10 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], score: Callable, *, 
             per = max(1, batch_size // k)
             for s2 in range(0, len(chunk), per):
                 sub = chunk[s2:s2 + per]
-                r = generate(model, ids[s + s2:s + s2 + per], n=k, max_new_tokens=max_response_length,
-                             temperature=temperature, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                             generator=gen)
+                with autocast(precision, device):
+                    r = generate(model, ids[s + s2:s + s2 + per], n=k, max_new_tokens=max_response_length,
+                                 temperature=temperature, eos_id=tokenizer.eos_token_id,
+                                 pad_id=tokenizer.pad_token_id, generator=gen)
                 texts = decode(tokenizer, r.responses, r.response_mask)
                 items = [(p.data_source, texts[i * k + j], p.ground_truth, p.extra_info)
                          for i, p in enumerate(sub) for j in range(k)]

@@ -33,10 +33,12 @@ def warm_start_overrides(cfg) -> dict[str, Any]:
     policy.warm_start_overrides (budget, model size). These are `--set` overrides of
     the train recipe, checked by train's typed config like any other."""
     ov: dict[str, Any] = {}
-    if not cfg.data.file and cfg.data.tasks != ["basic_arithmetic", "chain_sum"]:
+    # countdown_lm's [countdown] section holds countdown's difficulty keys; arith_lm's [arith] the rest.
+    section = "countdown" if "countdown" in cfg.data.tasks else "arith"
+    if section == "arith" and not cfg.data.file and cfg.data.tasks != ["basic_arithmetic", "chain_sum"]:
         ov["arith.tasks"] = list(cfg.data.tasks)
     for k, v in cfg.data.difficulty.items():
-        ov[f"arith.{k}"] = list(v) if isinstance(v, (list, tuple)) else v
+        ov[f"{section}.{k}"] = list(v) if isinstance(v, (list, tuple)) else v
     ov.update(cfg.policy.warm_start_overrides)
     return ov
 
@@ -75,6 +77,36 @@ def warm_start(recipe: str, overrides: dict[str, Any], *, device: str = "auto", 
                                                       "seconds": time.time() - t0})
     info.update(cached=False, seconds=time.time() - t0)
     return final, info
+
+
+def check_policy_files(path: str | Path, *, need_chat_template: bool) -> None:
+    """Refuses, in one line, a policy folder that is not a causal LM or (when the recipe
+    formats prompts with the chat template) whose tokenizer has no chat template.
+    Reads config and tokenizer only, so `--engine verl --dry-run` checks it too."""
+    # heavy: transformers takes seconds to import (it pulls in torchao)
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise UserError(f"policy {path}: not a Hugging Face model folder (no config.json)")
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise UserError(f"policy {path}: cannot read config.json ({str(e).splitlines()[0]})") from None
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        archs = ", ".join(getattr(config, "architectures", None) or []) or "no architectures listed"
+        raise UserError(f"policy {path}: model_type {config.model_type!r} ({archs}) is not a causal LM; "
+                        "rl needs a model AutoModelForCausalLM loads (Llama, Qwen2, Mistral, ...)")
+    if not need_chat_template:
+        return
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise UserError(f"policy {path}: cannot load its tokenizer ({str(e).splitlines()[0]})") from None
+    if not getattr(tok, "chat_template", None):
+        raise UserError(f"policy {path}: its tokenizer has no chat template and this recipe formats prompts as "
+                        "chat messages; use an instruct/chat model or set policy.require_chat_template = false")
 
 
 def load_policy(path: str | Path, device=None):

@@ -103,7 +103,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if fused is not None and hasattr(model, "model") and hasattr(model, "lm_head"):
         hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
         h = hidden[:, -response_len - 1:-1, :]
-        return fused(h / temperature, model.lm_head.weight, targets, impl=kernels)
+        w = model.lm_head.weight  # under autocast the hidden states may be bf16: one dtype for the kernel
+        return fused(h.to(w.dtype) / temperature, w, targets, impl=kernels)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
     logits = logits[:, -response_len - 1:-1, :].float() / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)

@@ -109,6 +109,11 @@ def hydra_overrides(cfg: RLConfig, *, train_file: Path, val_file: Path, policy_p
         "trainer.project_name=tpu-pipeline",
         f"trainer.experiment_name={cfg.name}",
     ]
+    if cfg.policy.lora_rank:
+        p = cfg.policy
+        ov += [f"actor_rollout_ref.model.lora_rank={p.lora_rank}",
+               f"actor_rollout_ref.model.lora_alpha={p.lora_alpha or 2 * p.lora_rank}",
+               f"actor_rollout_ref.model.target_modules={p.lora_target_modules}"]
     if device == "tpu":
         # VeRL imports external_lib in every worker: that registers our TorchTPU platform there.
         ov.append("actor_rollout_ref.model.external_lib=tpu_pipeline.rl.tpu_platform")

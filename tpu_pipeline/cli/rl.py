@@ -27,6 +27,8 @@ def _override(ctx, param, values):
 @click.option("--data", default=None, help="A VeRL parquet file to train on instead of the recipe's tasks.")
 @click.option("--reward", default=None, help="Reward function as module:function (VeRL's compute_score signature).")
 @click.option("--policy", default=None, help="Start from this Hugging Face folder instead of the warm start.")
+@click.option("--lora-rank", "lora_rank", type=int, default=None,
+              help="Train LoRA adapters of this rank only (merged into policy/ at the end); 0 = full weights.")
 @click.option("--seed", type=int, default=None, help="Seed of prompts, samples and minibatch order.")
 @click.option("--device", default=None, help="auto, tpu, cuda or cpu.")
 @click.option("--kernels", type=click.Choice(["auto", "pallas", "torch"]), default=None, help="Log-prob kernels.")
@@ -36,15 +38,15 @@ def _override(ctx, param, values):
               help="With --engine verl: submit to this Ray cluster (ray job submit).")
 @click.option("--set", "overrides", multiple=True, callback=_override, help="Recipe override key=value (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def command(recipe, out, steps, time_budget, engine, data, reward, policy, seed, device, kernels, resume, dry_run,
-            ray_address, overrides, as_json):
+def command(recipe, out, steps, time_budget, engine, data, reward, policy, lora_rank, seed, device, kernels, resume,
+            dry_run, ray_address, overrides, as_json):
     """Improve a policy with a GRPO recipe (VeRL's algorithms)."""
     # CLI start-up time: tpu_pipeline.rl imports torch, the kernels and train
     from tpu_pipeline.rl import run
 
     res = run(recipe, out, engine=engine, steps=steps, time_budget_s=time_budget, seed=seed, data=data,
               reward=reward, kernels=kernels, device=device, policy=policy, resume=resume, overrides=overrides,
-              dry_run=dry_run, ray_address=ray_address, progress=sys.stderr.isatty() and not as_json)
+              dry_run=dry_run, ray_address=ray_address, lora_rank=lora_rank, progress=sys.stderr.isatty() and not as_json)
     if as_json or engine == "verl":
         click.echo(json.dumps(res, indent=2, default=str))
         return

@@ -1,0 +1,60 @@
+"""GSM8K for real models: the offline problem set `grpo_gsm8k` ships.
+
+The shipped file (`rl/datasets/gsm8k_offline.parquet`) holds grade-school word
+problems from reasoning-gym's `gsm_symbolic` generators (GSM8K questions with
+their numbers re-drawn), written in exactly the schema VeRL's
+`examples/data_preprocess/gsm8k.py` writes for openai/gsm8k: the question plus
+VeRL's instruction as one user message, `reward_model.ground_truth` the
+integer answer, `data_source` "openai/gsm8k", so VeRL's strict gsm8k scorer
+(`#### N`) grades it and a user's real GSM8K parquet drops in with `--data`.
+
+Regenerate it (deterministic; a test checks the shipped rows against this):
+
+    python -m tpu_pipeline.rl.gsm8k rl/datasets/gsm8k_offline.parquet
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tpu_pipeline.rl.data import Problem, write_parquet
+
+DATA_SOURCE = "openai/gsm8k"
+# VeRL's examples/data_preprocess/gsm8k.py appends this to every question.
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+OFFLINE_ROWS = 600
+OFFLINE_SEED = 14
+
+
+def offline_problems(n: int = OFFLINE_ROWS, seed: int = OFFLINE_SEED) -> list[Problem]:
+    """`n` GSM-style problems from reasoning-gym's gsm_symbolic, in VeRL's gsm8k row shape."""
+    # heavy: reasoning_gym imports every task family it ships (~1 s)
+    import reasoning_gym
+
+    ds = reasoning_gym.create_dataset("gsm_symbolic", size=n, seed=seed)
+    out = []
+    for i, x in enumerate(ds):
+        answer = str(x["answer"]).strip()
+        cot = str(x["metadata"].get("answer_cot", "")).strip()
+        out.append(Problem(
+            prompt=[{"role": "user", "content": f"{x['question']} {INSTRUCTION}"}],
+            ground_truth=answer, data_source=DATA_SOURCE, ability="math",
+            # VeRL keeps the worked solution (ending "#### N") and the bare question beside the prompt.
+            extra_info={"answer": cot if "####" in cot else f"{cot}\n#### {answer}", "question": x["question"],
+                        "generator": "reasoning_gym.gsm_symbolic", "generator_seed": seed}))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Write grpo_gsm8k's offline GSM-style parquet file.")
+    p.add_argument("out")
+    p.add_argument("--n", type=int, default=OFFLINE_ROWS)
+    p.add_argument("--seed", type=int, default=OFFLINE_SEED)
+    a = p.parse_args(argv)
+    write_parquet(offline_problems(a.n, a.seed), a.out, "train")
+    print(a.out)
+
+
+if __name__ == "__main__":
+    main()
