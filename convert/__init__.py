@@ -3,7 +3,8 @@
 One PyTorch model -> LiteRT artifacts for android, ios, desktop, web and iot,
 each checked on that target's runtime. Public API:
 
-    convert(model_path, ConvertOptions(...), progress=None) -> report dict
+    convert(model, sample_args=None, *, targets="all", out=None, calibration=None, **options)
+        -> ConvertResult (per target: TargetResult)
     load_model, load_profiles, compare, judge, localize
     ModelKind (a new kind of model: see kinds.py), TargetResult
 """
@@ -18,7 +19,7 @@ if __name__ != "tpu_pipeline.convert":
 _EXPORTS = {
     "convert": "pipeline", "ConvertOptions": "options", "load_model": "loaders", "load_profiles": "targets",
     "TargetProfile": "targets", "compare": "parity", "judge": "parity", "localize": "parity",
-    "ModelKind": "kinds", "TargetResult": "result",
+    "ModelKind": "kinds", "TargetResult": "result", "ConvertResult": "result",
 }
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import json
 import pickle
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -87,6 +88,34 @@ def load_model(path: str | Path, *, input_shapes: list[str] = (), model_class: s
     return _finish(loaded)
 
 
+def load_object(model: nn.Module | torch.export.ExportedProgram, sample_args: Any = None) -> LoadedModel:
+    """An in-memory model (the Python API): an nn.Module with its sample inputs (a tensor or a
+    tuple of tensors; `example_inputs()` if the module has it), or an ExportedProgram (its own
+    example inputs unless given)."""
+    args = (sample_args,) if isinstance(sample_args, torch.Tensor) else sample_args
+    if args is not None and not isinstance(args, (tuple, list)):
+        raise UserError(f"sample_args must be a tensor or a tuple of tensors, not {type(args).__name__}")
+    if isinstance(model, torch.export.ExportedProgram):
+        if args is None:
+            if not (model.example_inputs and model.example_inputs[0]):
+                raise UserError("the ExportedProgram holds no example inputs; pass sample_args")
+            args = model.example_inputs[0]
+        names = [s.arg.name for s in model.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+        loaded = LoadedModel(module=model.module(), sample_args=tuple(args), source_format="torch.export program",
+                             input_names=names)
+    elif isinstance(model, nn.Module):
+        if args is None:
+            if not hasattr(model, "example_inputs"):
+                raise UserError(f"{type(model).__name__}: pass sample_args (the inputs forward() takes)")
+            args = model.example_inputs()
+        loaded = LoadedModel(module=model, sample_args=tuple(args), source_format="nn.Module",
+                             input_names=[f"input_{i}" for i in range(len(args))])
+    else:
+        raise UserError(f"model must be an nn.Module, a torch.export.ExportedProgram or a path, "
+                        f"not {type(model).__name__}")
+    return _finish(loaded)
+
+
 def _sniff(path: Path) -> str:
     """export | torchscript | torch-save, from the zip listing (no unpickling)."""
     if not zipfile.is_zipfile(path):
@@ -114,7 +143,27 @@ def _sniff(path: Path) -> str:
     return "torch-save"
 
 
+# The pytree node types an archive names (`"transformers.modeling_outputs.BaseModelOutput"`):
+# transformers registers its ModelOutput classes with torch's pytree when their module is
+# imported, and torch.export.load cannot rebuild an output spec whose type is unregistered.
+_HF_TYPE = re.compile(rb"(transformers(?:\.[A-Za-z_][A-Za-z0-9_]*)+)\.[A-Z][A-Za-z0-9_]*")
+
+
+def _register_output_types(path: Path) -> None:
+    """Imports the transformers modules whose output classes the archive references. Only
+    modules inside the `transformers` package are imported (nothing the file names elsewhere)."""
+    with zipfile.ZipFile(path) as z:
+        modules = {m.decode() for n in z.namelist() if n.endswith(".json")
+                   for m in _HF_TYPE.findall(z.read(n))}
+    for mod in sorted(modules):
+        try:
+            importlib.import_module(mod)  # heavy: transformers, only for archives that reference it
+        except ImportError:
+            pass  # torch.export.load below names what is still missing
+
+
 def _load_export_archive(path: Path, input_shapes) -> LoadedModel:
+    _register_output_types(path)
     try:
         ep = torch.export.load(str(path))
     except Exception as e:  # noqa: BLE001 - any decode failure is bad input

@@ -55,9 +55,16 @@ class ModuleKind(ModelKind):
         say("load: reading " + str(path))
         m = load_model(path, input_shapes=list(o.input_shapes), model_class=o.model_class,
                        model_kwargs=o.model_kwargs, trust_pickle=o.trust_pickle)
+        return cls.from_loaded(m, o, rng)
+
+    @classmethod
+    def from_loaded(cls, m: LoadedModel, o: ConvertOptions, rng: np.random.Generator) -> ModuleKind:
+        """The kind for a model already in memory (the Python API hands over an nn.Module)."""
         calib_data, calib_source = None, None
-        if o.calib:
+        if isinstance(o.calib, (str, Path)):
             calib_data, calib_source = _read_npz(o.calib, m, "--calib"), "--calib"
+        elif o.calib is not None:
+            calib_data, calib_source = _sample_rows(o.calib, m), "calibration"
         elif m.calibration is not None:
             calib_data, calib_source = _rows(m.calibration, m), "the manifest's calibration_inputs"
         eval_data = _read_npz(o.eval_data, m, "--eval-data") if o.eval_data else None
@@ -67,9 +74,14 @@ class ModuleKind(ModelKind):
                    for s in samples]
         return cls(m, samples, source, calib_data, ref)
 
-    @property
-    def classifier(self) -> bool:
-        return self.m.task in ("classification", "causal-lm") or self.m.task is None
+    def class_scores(self, k: int) -> bool:
+        """Whether output k's last axis holds class scores, so top-1 along it means something:
+        a causal LM's logits (vocabulary), or a 2-D [N, C] head of a classifier (task
+        classification, or unknown). Never an output with spatial axes (segmentation
+        N x C x H x W: the last axis is width)."""
+        if self.m.task == "causal-lm":
+            return True
+        return self.m.task in ("classification", None) and self.ref[0][k].ndim == 2
 
     @property
     def output_names(self) -> list[str]:
@@ -111,10 +123,12 @@ class ModuleKind(ModelKind):
             refk = LitertRunner(model, info, reference=True)
             got_ref = [refk.run(s) for s in samples[:REFERENCE_SAMPLES]]
         outputs = self._compare(prof, o, ref, got)
-        passed, reasons = parity.judge(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
-        res = {"passed": passed, "reasons": reasons, "outputs": outputs,
-               "tolerances": parity.tolerances(prof, o.atol, o.rtol, o.min_cosine), "runtime": prof.runtime}
-        warnings, runtime = [], None
+        v = parity.verdict(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
+        passed = v["passed"]
+        res = {"passed": passed, "reasons": v["reasons"], "decided_by": v["decided_by"], "checks": v["checks"],
+               "outputs": outputs, "tolerances": parity.tolerances(prof, o.atol, o.rtol, o.min_cosine),
+               "runtime": prof.runtime}
+        warnings, runtime = list(v["notes"]), None
         if prof.browser_parity:
             res["browser"] = browser = self._browser_parity(prof, art.model, info, o)
             if browser.get("passed") is False:
@@ -136,7 +150,7 @@ class ModuleKind(ModelKind):
         return Parity(figures=res, warnings=warnings, runtime=runtime)
 
     def _compare(self, prof: TargetProfile, o: ConvertOptions, ref, got) -> dict[str, dict]:
-        return {name: parity.compare([s[k] for s in ref], [g[k] for g in got], classifier=self.classifier,
+        return {name: parity.compare([s[k] for s in ref], [g[k] for g in got], classifier=self.class_scores(k),
                                      atol=o.atol if o.atol is not None else prof.atol,
                                      rtol=o.rtol if o.rtol is not None else prof.rtol)
                 for k, name in enumerate(self.output_names)}
@@ -211,6 +225,26 @@ def _parity_samples(m, eval_data, calib_data, calib_source, n, rng):
         return calib_data[:n], f"{calib_source} ({min(n, len(calib_data))} rows, also used for calibration)", calib_data
     first = [a.numpy() for a in m.sample_args]
     return [first] + [_random_sample(m, rng) for _ in range(n - 1)], "the model's example inputs + random inputs", None
+
+
+def _sample_rows(rows, m: LoadedModel) -> list[list[np.ndarray]]:
+    """calibration= rows (each a tensor or a tuple of tensors/arrays, one per input, batch 1
+    like the sample inputs) -> numpy rows checked against the sample inputs' shapes."""
+    out = []
+    for i, row in enumerate(rows):
+        row = (row,) if isinstance(row, (torch.Tensor, np.ndarray)) else tuple(row)
+        if len(row) != len(m.sample_args):
+            raise UserError(f"calibration row {i}: {len(row)} inputs; the model takes {len(m.sample_args)}")
+        arrays = []
+        for x, a in zip(row, m.sample_args):
+            x = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+            if tuple(x.shape) != tuple(a.shape):
+                raise UserError(f"calibration row {i}: shape {list(x.shape)}; expected {list(a.shape)}")
+            arrays.append(x.astype(str(a.dtype).replace("torch.", "")))
+        out.append(arrays)
+    if not out:
+        raise UserError("calibration holds no rows")
+    return out
 
 
 def _rows(tensors: list[torch.Tensor], m: LoadedModel) -> list[list[np.ndarray]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Sequence
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -17,7 +18,8 @@ class ConvertOptions:
     model_class: str | None = None
     model_kwargs: str | None = None
     trust_pickle: bool = False
-    calib: str | Path | None = None      # .npz of representative inputs (static int8 calibration)
+    calib: str | Path | Sequence | None = None  # .npz of representative inputs (static int8 calibration), or rows
+                                     # (Python API: each a tuple of tensors, one per input)
     eval_data: str | Path | None = None  # .npz of parity inputs
     samples: int = 8                     # parity inputs (prompts for LMs) per target
     atol: float | None = None

@@ -14,49 +14,130 @@ from tpu_pipeline.convert.runtimes import LitertRunner
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo, op_module
 
-EPS = 1e-12
+EPS = 1e-12  # localization's relative layer error only (parity metrics handle zero norms explicitly)
+TIE_FACTOR = 2.0  # a flip is a near-tie when the two logits differ by less than 2x the variant's error
+
+
+def _cosines(rf: np.ndarray, gf: np.ndarray) -> np.ndarray:
+    """Per-row cosine, independent of scale (each row is divided by its largest magnitude first,
+    so 1e-12 outputs and 1e6 outputs are judged alike). Zero norms are decided, not smoothed:
+    both zero = the same output (1.0); only one zero = nothing in common (0.0)."""
+    scale = np.maximum(np.abs(rf).max(1, initial=0.0), np.abs(gf).max(1, initial=0.0))
+    scale[scale == 0] = 1.0
+    r, g = rf / scale[:, None], gf / scale[:, None]
+    nr, ng = np.linalg.norm(r, axis=1), np.linalg.norm(g, axis=1)
+    cos = np.empty(len(r))
+    both, one = (nr == 0) & (ng == 0), (nr == 0) ^ (ng == 0)
+    ok = ~(both | one)
+    cos[both], cos[one] = 1.0, 0.0
+    cos[ok] = np.clip((r[ok] * g[ok]).sum(1) / (nr[ok] * ng[ok]), -1.0, 1.0)
+    return cos
+
+
+def _top1(r: np.ndarray, g: np.ndarray) -> dict:
+    """Top-1 over the class (last) axis. A flip whose two logits lie closer in PyTorch than
+    the variant's own error can move them (TIE_FACTOR x its largest error on the other
+    logits) is a near-tie: reported, not counted against agreement. A flip with a clear
+    margin counts."""
+    rows_r, rows_g = r.reshape(-1, r.shape[-1]), g.reshape(-1, g.shape[-1])
+    ar, ag = rows_r.argmax(1), rows_g.argmax(1)
+    flips = np.flatnonzero(ar != ag)
+    err = np.abs(rows_g - rows_r)
+    others = np.ones_like(err, dtype=bool)
+    others[flips, ar[flips]] = others[flips, ag[flips]] = False
+    tie_tol = TIE_FACTOR * float(err[others].max(initial=0.0))
+    margins = rows_r[flips, ar[flips]] - rows_r[flips, ag[flips]]
+    near = margins <= tie_tol
+    n = len(rows_r)
+    return {"top1": float(1 - len(flips) / n), "top1_judged": float(1 - int((~near).sum()) / n),
+            "top1_rows": int(n), "top1_near_ties": int(near.sum()), "top1_clear_flips": int((~near).sum()),
+            "top1_tie_tolerance": tie_tol,
+            "top1_flip_margins": [float(m) for m in margins[:16]]}
 
 
 def compare(ref: list[np.ndarray], got: list[np.ndarray], *, classifier: bool, atol: float = 0.0,
             rtol: float = 0.0) -> dict:
-    """One output over all samples: each list holds that output per sample."""
+    """One output over all samples: each list holds that output per sample.
+
+    Elementwise: |got - ref| <= atol * scale + rtol * |ref|, where scale is the sample's RMS
+    magnitude, so the tolerance follows the output's size (1e-12 or 1e6 alike); a sample
+    whose PyTorch output is all zero has no scale and takes atol as an absolute bound.
+    classifier=True: the last axis holds class scores (a [N, C] head, an LM's vocabulary);
+    top-1 is judged along it, never along any other axis."""
     r = np.stack([np.asarray(a, np.float64) for a in ref])
     g = np.stack([np.asarray(a, np.float64).reshape(np.shape(a0)) for a, a0 in zip(got, ref)])
     d = g - r
-    rf, gf = r.reshape(len(r), -1), g.reshape(len(g), -1)
-    cos = (rf * gf).sum(1) / (np.linalg.norm(rf, axis=1) * np.linalg.norm(gf, axis=1) + EPS)
+    rf, gf, df = r.reshape(len(r), -1), g.reshape(len(g), -1), d.reshape(len(d), -1)
+    cos = _cosines(rf, gf)
+    rms = np.sqrt((rf ** 2).mean(1)) if rf.shape[1] else np.zeros(len(rf))
+    scale = np.where(rms > 0, rms, 1.0)
+    bound = atol * scale[:, None] + rtol * np.abs(rf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        excess = np.where(bound > 0, np.abs(df) / np.where(bound > 0, bound, 1.0), np.where(df != 0, np.inf, 0.0))
+    tiny = np.finfo(np.float64).tiny
     out = {
-        "max_abs": float(np.abs(d).max()),
-        "rmse": float(np.sqrt((d ** 2).mean())),
+        "max_abs": float(np.abs(d).max(initial=0.0)),
+        "rmse": float(np.sqrt((d ** 2).mean())) if d.size else 0.0,
         "cosine": float(cos.min()),          # worst sample
         "cosine_mean": float(cos.mean()),
-        "snr_db": float(10 * np.log10(((r ** 2).sum() + EPS) / ((d ** 2).sum() + EPS))),
-        "within_tol": bool(np.all(np.abs(d) <= atol + rtol * np.abs(r))),
+        # per-sample scale divided out, so 1e-12 outputs do not underflow into a 0 dB figure
+        "snr_db": float(10 * np.log10(max(((rf / scale[:, None]) ** 2).sum(), tiny) /
+                                      max(((df / scale[:, None]) ** 2).sum(), tiny))),
+        "scale": float(rms.max(initial=0.0)),  # largest per-sample RMS of the PyTorch output
+        "within_tol": bool(np.all((np.abs(df) <= bound))),
+        "tol_ratio": float(np.nan_to_num(excess, posinf=np.finfo(np.float64).max).max(initial=0.0)),
         "samples": int(len(r)),
     }
-    if classifier and r.shape[-1] > 1:
-        out["top1"] = float((r.argmax(-1) == g.argmax(-1)).mean())
+    if classifier and r.ndim >= 2 and r.shape[-1] > 1:
+        out.update(_top1(r, g))
     return out
+
+
+def verdict(per_output: dict[str, dict], profile: TargetProfile, *, atol=None, rtol=None,
+            min_cosine=None) -> dict:
+    """Each criterion per output with its value, bound and outcome, and which decided:
+    {"passed", "reasons", "decided_by", "checks": {output: [{criterion, value, bound, passed}]},
+    "notes"}. Float variants: worst-sample cosine + elementwise tolerance (+ top-1 for class
+    outputs); int8 (judged without elementwise tolerance): mean cosine + top-1, since rounding
+    error is distributional."""
+    min_cos = profile.min_cosine if min_cosine is None else min_cosine
+    check_abs = profile.check_abs or atol is not None or rtol is not None
+    a = profile.atol if atol is None else atol
+    r_ = profile.rtol if rtol is None else rtol
+    reasons, checks, notes, failed = [], {}, [], []
+    for name, m in per_output.items():
+        key, label = ("cosine", "cosine (worst sample)") if profile.check_abs else ("cosine_mean", "mean cosine")
+        rows = [{"criterion": "cosine", "value": m[key], "bound": min_cos, "passed": m[key] >= min_cos}]
+        if not rows[-1]["passed"]:
+            reasons.append(f"{name}: {label} {m[key]:.6f} < {min_cos}")
+        if check_abs:
+            rows.append({"criterion": "elementwise", "value": m["max_abs"], "bound": f"atol {a} x scale + rtol {r_}",
+                         "passed": m["within_tol"]})
+            if not m["within_tol"]:
+                reasons.append(f"{name}: max_abs {m['max_abs']:.3g} outside atol {a} x scale {m['scale']:.3g} "
+                               f"+ rtol {r_} (worst element at {m['tol_ratio']:.3g}x its bound)")
+        if "top1" in m:
+            judged = m.get("top1_judged", m["top1"])
+            rows.append({"criterion": "top1", "value": judged, "bound": profile.min_top1,
+                         "passed": judged >= profile.min_top1})
+            if not rows[-1]["passed"]:
+                reasons.append(f"{name}: top-1 agreement {judged:.3f} < {profile.min_top1} "
+                               f"({m.get('top1_clear_flips', 0)} clear-margin flips of {m.get('top1_rows', '?')} rows)")
+            if m.get("top1_near_ties"):
+                notes.append(f"{name}: top-1 flipped on {m['top1_near_ties']} of {m['top1_rows']} rows between "
+                             f"logits closer than the variant's error ({m['top1_tie_tolerance']:.3g}): near-ties, "
+                             "reported, not failed")
+        checks[name] = rows
+        failed += [f"{name}: {row['criterion']}" for row in rows if not row["passed"]]
+    decided = failed or ["all criteria passed: " + ", ".join(dict.fromkeys(
+        row["criterion"] for rows in checks.values() for row in rows))]
+    return {"passed": not reasons, "reasons": reasons, "decided_by": decided, "checks": checks, "notes": notes}
 
 
 def judge(per_output: dict[str, dict], profile: TargetProfile, *, atol=None, rtol=None, min_cosine=None) -> tuple[bool, list[str]]:
     """-> (passed, reasons it failed). Tolerances: the profile's, unless overridden."""
-    min_cos = profile.min_cosine if min_cosine is None else min_cosine
-    check_abs = profile.check_abs or atol is not None or rtol is not None
-    reasons = []
-    for name, m in per_output.items():
-        # float variants: the worst sample must match; int8 (judged without elementwise
-        # tolerance): the mean over samples, since rounding error is distributional.
-        key, label = ("cosine", "cosine (worst sample)") if profile.check_abs else ("cosine_mean", "mean cosine")
-        if m[key] < min_cos:
-            reasons.append(f"{name}: {label} {m[key]:.6f} < {min_cos}")
-        if "top1" in m and m["top1"] < profile.min_top1:
-            reasons.append(f"{name}: top-1 agreement {m['top1']:.3f} < {profile.min_top1}")
-        if check_abs and not m["within_tol"]:
-            a = profile.atol if atol is None else atol
-            r = profile.rtol if rtol is None else rtol
-            reasons.append(f"{name}: max_abs {m['max_abs']:.3g} outside atol {a} + rtol {r}")
-    return not reasons, reasons
+    v = verdict(per_output, profile, atol=atol, rtol=rtol, min_cosine=min_cosine)
+    return v["passed"], v["reasons"]
 
 
 def tolerances(profile: TargetProfile, atol=None, rtol=None, min_cosine=None) -> dict:

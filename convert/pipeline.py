@@ -11,10 +11,12 @@ DIR/<target>/model.tflite always passed its checks.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -24,14 +26,15 @@ from tpu_pipeline.convert import checks
 from tpu_pipeline.convert.firmware import measure_arena, suggested_arena, write_c_array
 from tpu_pipeline.convert.kinds import ModelKind, Progress
 from tpu_pipeline.convert.lm_kind import CausalLMKind
+from tpu_pipeline.convert.loaders import load_object
 from tpu_pipeline.convert.module_kind import ModuleKind
 from tpu_pipeline.convert.options import FLAGS, ConvertOptions
 from tpu_pipeline.convert.report import render_html
-from tpu_pipeline.convert.result import Artifact, TargetResult
+from tpu_pipeline.convert.result import Artifact, ConvertResult, TargetResult
 from tpu_pipeline.convert.snippets import write_snippet
 from tpu_pipeline.convert.targets import TargetProfile, load_profiles, resolve_targets
 from tpu_pipeline.convert.tflite_info import inspect_model
-from tpu_pipeline.errors import ConversionError, ParityError, UserError
+from tpu_pipeline.errors import ConversionError, UserError
 
 # Asked in order; the first whose detect() is true takes the model. ModuleKind
 # takes anything (its loader says what it cannot read), so it comes last.
@@ -50,53 +53,103 @@ def refuse_options(kind: type[ModelKind], o: ConvertOptions) -> None:
             raise UserError(f"{FLAGS.get(field, field)} {why}")
 
 
-def convert(model_path: str | Path, options: ConvertOptions | None = None, progress: Progress | None = None) -> dict:
-    """Runs the whole conversion; returns the report. Raises ConversionError (some target
-    failed to convert or its checks) or ParityError (all converted, some failed parity)
-    after the output folder is in place; UserError before anything is written."""
-    o = options or ConvertOptions()
+def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, sample_args: Any = None, *,
+            targets: str | Sequence[str] = "all", out: str | Path | None = None, calibration: Any = None,
+            progress: Progress | None = None, **options: Any) -> ConvertResult:
+    """Converts `model` to a checked LiteRT artifact per target.
+
+    model: an nn.Module (with `sample_args`, a tensor or a tuple of tensors, unless it has
+    `example_inputs()`), a torch.export ExportedProgram, or a path (what the CLI takes).
+    targets: "all", "android,web" or ["android", "web"]. out: output folder (default
+    dist/<model name>/). calibration: an .npz path or rows of sample inputs for static int8.
+    options: any other ConvertOptions field (samples=, atol=, min_cosine=, latency=, ...).
+
+    Returns a ConvertResult; a failed target does not raise (see `result.passed`,
+    `result.exit_code`, `result.raise_for_failures()`). Bad input raises UserError before
+    anything is written.
+
+        import torch, tpu_pipeline.convert as tc
+        net = torch.nn.Sequential(torch.nn.Linear(16, 4)).eval()
+        result = tc.convert(net, (torch.randn(1, 16),), targets="desktop,android", out="dist/net")
+        for name, t in result.targets.items():
+            print(name, t.passed, t.precision, t.artifact_path, t.metrics["cosine"], t.latency, t.reasons)
+    """
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ConvertOptions)})
+    if unknown:
+        valid = ", ".join(f.name for f in dataclasses.fields(ConvertOptions))
+        raise UserError(f"convert() got unknown option(s) {', '.join(unknown)}; valid: {valid}")
+    o = ConvertOptions(**{**options, "targets": targets if isinstance(targets, str) else ",".join(targets),
+                          "out": out if out is not None else options.get("out"),
+                          "calib": calibration if calibration is not None else options.get("calib")})
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     if o.samples < 1:
         raise UserError("--samples must be at least 1")
     profiles = resolve_targets(o.targets, load_profiles(o.profile_dir))
-    model_path = Path(model_path)
-    out = Path(o.out) if o.out else Path("dist") / (model_path.stem if model_path.is_file() else model_path.name)
-    kind = model_kind(model_path)
+    in_memory = isinstance(model, (torch.nn.Module, torch.export.ExportedProgram))
+    if in_memory:
+        kind: type[ModelKind] = ModuleKind
+        name = type(model).__name__ if isinstance(model, torch.nn.Module) else "exported_program"
+        label = f"{name} (in memory)"
+        set_flags = [FLAGS.get(f, f) for f in _PATH_ONLY if getattr(o, f) != getattr(ConvertOptions(), f)]
+        if set_flags:
+            raise UserError(f"{set_flags[0]} applies to a model path only; an in-memory model brings its own "
+                            "inputs and class")
+    else:
+        if not isinstance(model, (str, Path)):
+            raise UserError(f"model must be an nn.Module, a torch.export.ExportedProgram or a path, "
+                            f"not {type(model).__name__}")
+        if sample_args is not None:
+            raise UserError("sample_args applies to an nn.Module only; a path brings its own inputs "
+                            "(input_shapes= for files without them)")
+        model_path = Path(model)
+        name = model_path.stem if model_path.is_file() else model_path.name
+        label = str(model_path)
+        kind = model_kind(model_path)
+    out_dir = Path(o.out) if o.out else Path("dist") / name
     refuse_options(kind, o)
     skipped = {p.name: why for p in profiles if (why := kind.skip_reason(p))}
     if skipped and o.targets.strip() != "all":
-        name = next(iter(skipped))
-        raise UserError(f"target {name} does not take {kind.noun}: {skipped[name]}")
+        first = next(iter(skipped))
+        raise UserError(f"target {first} does not take {kind.noun}: {skipped[first]}")
     wanted = [p for p in profiles if p.name not in skipped]
     if not wanted:
         raise UserError(f"none of the targets {', '.join(skipped)} takes {kind.noun}: {next(iter(skipped.values()))}")
     torch.manual_seed(o.seed)
     rng = np.random.default_rng(o.seed)
-    model = kind.load(model_path, o, rng, say)
+    if in_memory:
+        loaded = ModuleKind.from_loaded(load_object(model, sample_args), o, rng)
+    else:
+        loaded = kind.load(model_path, o, rng, say)
 
-    with tempfile.TemporaryDirectory(prefix="tpu-pipeline-convert-") as work, files.staged_dir(out) as stage:
+    with tempfile.TemporaryDirectory(prefix="tpu-pipeline-convert-") as work, files.staged_dir(out_dir) as stage:
         work = Path(work)
         t_exp = time.perf_counter()
-        float_model = model.export_float(work, say)
+        float_model = loaded.export_float(work, say)
         export_s = time.perf_counter() - t_exp
-        warnings = model.prepare(wanted, float_model, rng)
+        warnings = loaded.prepare(wanted, float_model, rng)
         variants: dict[str, Artifact] = {}
-        results = [_target(prof, model, float_model, variants, o, work / prof.name, say) for prof in wanted]
-        report = {"model": str(model_path), "kind": kind.name, **model.report_fields(), "warnings": warnings,
+        results = [_target(prof, loaded, float_model, variants, o, work / prof.name, say) for prof in wanted]
+        report = {"model": label, "kind": kind.name, **loaded.report_fields(), "warnings": warnings,
                   "export_s": export_s, "versions": _versions(), "targets": {}, "skipped_targets": skipped}
         say("write: artifacts, model.json, report.json, report.html")
         by_name = {p.name: p for p in wanted}
         for r in results:
-            _write_target(by_name[r.target], r, model, stage, out, say)
+            _write_target(by_name[r.target], r, loaded, stage, out_dir, say)
             report["targets"][r.target] = r.to_json()
+        result = ConvertResult(model=label, kind=kind.name, out=out_dir, targets={r.target: r for r in results},
+                               report=report)
         report["wall_s"] = time.perf_counter() - t0
-        report["passed"] = all(r.passed for r in results)
+        report["passed"] = result.passed
+        report["exit_code"] = result.exit_code
         files.atomic_write_json(stage / "report.json", report)
         files.atomic_write_text(stage / "report.html", render_html(report))
-    report["out"] = str(out)
-    _raise_for(report)
-    return report
+    report["out"] = str(out_dir)
+    return result
+
+
+# ConvertOptions fields that only describe how to read a model file
+_PATH_ONLY = ("input_shapes", "model_class", "model_kwargs", "trust_pickle")
 
 
 def _target(prof: TargetProfile, model: ModelKind, float_model: Artifact, variants: dict[str, Artifact],
@@ -194,20 +247,6 @@ class _Clock:
 
     def __exit__(self, *exc):
         self.into[self.name] = self.into.get(self.name, 0.0) + time.perf_counter() - self.t
-
-
-def _raise_for(report: dict) -> None:
-    failed = {n: t for n, t in report["targets"].items() if not t["passed"]}
-    if not failed:
-        return
-    parts = [f"{n}: {t['errors'][0] if t['errors'] else 'failed'}" +
-             (f" [{t['errors'][-1]}]" if len(t["errors"]) > 1 and "first diverging layer" in t["errors"][-1] else "")
-             for n, t in failed.items()]
-    msg = f"{len(failed)} of {len(report['targets'])} targets failed ({'; '.join(parts)}); report: {report['out']}/report.json"
-    err = (ConversionError(msg) if any(t.get("failure") in ("compatibility", "conversion") for t in failed.values())
-           else ParityError(msg))
-    err.report = report  # the CLI prints it with --json
-    raise err
 
 
 def _versions() -> dict:

@@ -6,9 +6,11 @@ fields, never in the JSON."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from tpu_pipeline.convert.tflite_info import ModelInfo
+from tpu_pipeline.errors import EXIT_CONVERSION, EXIT_OK, EXIT_PARITY, ConversionError, ParityError, PipelineError
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -59,6 +61,33 @@ class TargetResult:
     artifact: Artifact | None = None     # the bytes written to the target folder
     info: ModelInfo | None = None
 
+    @property
+    def precision(self) -> str:
+        """float32 | float16 | dynamic_int8 | static_int8 (report.json calls it quantization)."""
+        return self.quantization
+
+    @property
+    def metrics(self) -> dict:
+        """The parity figures (cosine, max_abs, rmse, top-1, which criterion decided ...)."""
+        return self.parity or {}
+
+    @property
+    def latency(self) -> float | None:
+        """Median milliseconds per call of the artifact on ai-edge-litert, or None if not measured."""
+        return (self.latency_ms or {}).get("artifact")
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the target failed (empty when it passed)."""
+        return [] if self.passed else list(self.errors)
+
+    @property
+    def exit_code(self) -> int:
+        """This target's own exit code: 0 passed, 4 wrong numbers (parity), 3 no usable artifact."""
+        if self.passed:
+            return EXIT_OK
+        return EXIT_PARITY if self.failure == "parity" else EXIT_CONVERSION
+
     def fail(self, failure: str, *errors: str) -> TargetResult:
         self.passed, self.failure = False, failure
         self.errors += list(errors)
@@ -72,3 +101,56 @@ class TargetResult:
                     "sha256": self.sha256, "app_snippet": self.app_snippet, "firmware": self.firmware}
         d.update({k: v for k, v in optional.items() if v is not None})
         return d
+
+
+@dataclasses.dataclass(kw_only=True)
+class ConvertResult:
+    """What `tpu_pipeline.convert.convert` returns: one TargetResult per target built, the
+    output folder, and the report (report.json's content). A failed target does not raise;
+    `raise_for_failures()` does, with the CLI's exit code (see `exit_code`)."""
+
+    model: str
+    kind: str
+    out: Path
+    targets: dict[str, TargetResult]
+    report: dict[str, Any]
+
+    def __getitem__(self, target: str) -> TargetResult:
+        return self.targets[target]
+
+    @property
+    def passed(self) -> bool:
+        return all(t.passed for t in self.targets.values())
+
+    @property
+    def exit_code(self) -> int:
+        """The worst kind of failure across targets: 4 when any artifact computes wrong numbers
+        (parity, including a float32 export that does not match PyTorch), else 3 when any target
+        has no usable artifact (conversion failed, or the target refuses it: size, ops, arena),
+        else 0. Wrong numbers rank first because they are the failure a user cannot see: an
+        iot size refusal must not hide them."""
+        return max((t.exit_code for t in self.targets.values()),
+                   key=lambda c: {EXIT_OK: 0, EXIT_CONVERSION: 1, EXIT_PARITY: 2}[c], default=EXIT_OK)
+
+    def error(self) -> PipelineError | None:
+        """The one-line error for the failed targets (ParityError or ConversionError by
+        `exit_code`), or None when every target passed; `.report` and `.result` ride along."""
+        failed = {n: t for n, t in self.targets.items() if not t.passed}
+        if not failed:
+            return None
+        parts = []
+        for n, t in failed.items():
+            first = t.errors[0] if t.errors else "failed"
+            layer = next((e for e in t.errors[1:] if e.startswith("first diverging layer")), None)
+            parts.append(f"{n}: {first}" + (f" [{layer}]" if layer else ""))
+        msg = (f"{len(failed)} of {len(self.targets)} targets failed ({'; '.join(parts)}); "
+               f"report: {self.out}/report.json")
+        err = ParityError(msg) if self.exit_code == EXIT_PARITY else ConversionError(msg)
+        err.report, err.result = self.report, self
+        return err
+
+    def raise_for_failures(self) -> ConvertResult:
+        err = self.error()
+        if err is not None:
+            raise err
+        return self

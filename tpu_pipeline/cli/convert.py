@@ -8,7 +8,6 @@ import sys
 import click
 
 from tpu_pipeline.cli import EXIT_CODES_HELP
-from tpu_pipeline.errors import PipelineError
 
 
 @click.command(epilog=EXIT_CODES_HELP + " With --json the report is printed before a failing exit.")
@@ -49,24 +48,19 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
     (exit 2).
     """
     # start-up: the pipeline imports torch and LiteRT; `tpu-pipeline convert --help` need not
-    from tpu_pipeline.convert.pipeline import ConvertOptions, convert
+    from tpu_pipeline.convert.pipeline import convert
 
-    opts = ConvertOptions(targets=targets, out=out, input_shapes=tuple(input_shapes), model_class=model_class,
-                          model_kwargs=model_kwargs, trust_pickle=trust_pickle, calib=calib, eval_data=eval_data,
-                          samples=samples, atol=atol, rtol=rtol, min_cosine=min_cosine, seed=seed,
-                          latency=not no_latency, profile_dir=profile_dir, prompts=prompts, lm_max_len=lm_max_len,
-                          lm_prefill_len=lm_prefill_len)
-    progress = (lambda msg: click.echo(f"  {msg}", err=True))
-    try:
-        report = convert(model, opts, progress=progress)
-    except PipelineError as e:
-        if as_json and getattr(e, "report", None):
-            click.echo(json.dumps(e.report, indent=2, default=str))
-        raise
+    result = convert(model, targets=targets, out=out, calibration=calib,
+                     progress=lambda msg: click.echo(f"  {msg}", err=True),
+                     input_shapes=tuple(input_shapes), model_class=model_class, model_kwargs=model_kwargs,
+                     trust_pickle=trust_pickle, eval_data=eval_data, samples=samples, atol=atol, rtol=rtol,
+                     min_cosine=min_cosine, seed=seed, latency=not no_latency, profile_dir=profile_dir,
+                     prompts=prompts, lm_max_len=lm_max_len, lm_prefill_len=lm_prefill_len)
     if as_json:
-        click.echo(json.dumps(report, indent=2, default=str))
-        return
-    _print_table(report)
+        click.echo(json.dumps(result.report, indent=2, default=str))
+    else:
+        _print_table(result.report)
+    result.raise_for_failures()
 
 
 def _print_table(report: dict) -> None:

@@ -1,0 +1,124 @@
+"""The parity judge is right both ways: matching outputs pass whatever their scale,
+mismatched ones fail, a near-tied top-1 flip is reported and a clear one fails, and the
+verdict says which criterion decided. No conversion here: plain arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tpu_pipeline.convert import compare, judge, load_profiles
+from tpu_pipeline.convert.loaders import load_object
+from tpu_pipeline.convert.module_kind import ModuleKind
+from tpu_pipeline.convert.options import ConvertOptions
+from tpu_pipeline.convert.parity import verdict
+
+PROFILES = load_profiles()
+DESKTOP, ANDROID, WEB = PROFILES.get("desktop"), PROFILES.get("android"), PROFILES.get("web")
+
+
+def _outputs(scale: float, rel_noise: float, n: int = 8, shape=(1, 10), seed: int = 0):
+    rng = np.random.default_rng(seed)
+    ref = [rng.standard_normal(shape) * scale for _ in range(n)]
+    got = [r + rel_noise * scale * rng.standard_normal(shape) for r in ref]
+    return ref, got
+
+
+def _judge(ref, got, prof, classifier=False):
+    m = compare(ref, got, classifier=classifier, atol=prof.atol, rtol=prof.rtol)
+    return m, verdict({"y": m}, prof)
+
+
+@pytest.mark.parametrize("scale", [1e-12, 1.0, 1e6])
+def test_matching_outputs_pass_at_any_scale(scale):
+    m, v = _judge(*_outputs(scale, 1e-4), ANDROID)  # float16-sized error
+    assert v["passed"], v["reasons"]
+    assert m["cosine"] > 0.9999 and m["snr_db"] > 60
+    assert m["max_abs"] < 1e-3 * scale and m["scale"] == pytest.approx(scale, rel=0.5)
+    m, v = _judge(*_outputs(scale, 1e-7), DESKTOP)  # float32 kernel noise
+    assert v["passed"], v["reasons"]
+
+
+@pytest.mark.parametrize("scale", [1e-12, 1.0, 1e6])
+def test_mismatched_outputs_fail_at_any_scale(scale):
+    ref, _ = _outputs(scale, 0.0)
+    _, other = _outputs(scale, 0.0, seed=1)  # unrelated outputs of the same size
+    m, v = _judge(ref, other, ANDROID)
+    assert not v["passed"] and m["cosine"] < 0.9
+    assert "y: cosine" in v["decided_by"] and "y: elementwise" in v["decided_by"]
+    m, v = _judge(ref, [r * 1.05 for r in ref], ANDROID)  # same direction, 5% too large
+    assert m["cosine"] == pytest.approx(1.0) and not v["passed"]
+    assert v["decided_by"] == ["y: elementwise"]
+
+
+def test_old_epsilon_bug_near_zero_outputs_keep_their_cosine():
+    # max_abs 2.4e-12 on outputs near 1e-11: the old `+ 1e-12` denominator gave cosine 0.0008
+    ref, got = _outputs(1e-11, 1e-3)
+    m = compare(ref, got, classifier=False)
+    assert m["cosine"] > 0.999 and m["max_abs"] < 1e-13
+
+
+def test_zero_and_constant_outputs():
+    zeros = [np.zeros((1, 6)) for _ in range(4)]
+    m, v = _judge(zeros, zeros, DESKTOP)
+    assert m["cosine"] == 1.0 and m["max_abs"] == 0 and v["passed"]
+    m, v = _judge(zeros, [z + 1e-3 for z in zeros], DESKTOP)  # PyTorch says 0; the artifact does not
+    assert m["cosine"] == 0.0 and not v["passed"]
+    const = [np.full((1, 6), 5.0) for _ in range(4)]
+    m, v = _judge(const, [c * (1 + 1e-6) for c in const], DESKTOP)
+    assert v["passed"] and m["cosine"] == pytest.approx(1.0)
+    m, v = _judge(const, [c + 1.0 for c in const], DESKTOP)  # cosine cannot see it; elementwise does
+    assert m["cosine"] == pytest.approx(1.0) and v["decided_by"] == ["y: elementwise"]
+
+
+def _logits(n=8, c=10, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((1, c)) * 3 for _ in range(n)]
+
+
+def test_near_tied_flip_is_reported_not_failed():
+    ref = _logits()
+    ref[3][0, :2] = [5.0, 5.0 + 1e-3]  # two top logits 1e-3 apart
+    rng = np.random.default_rng(1)
+    got = [r + 5e-3 * rng.standard_normal(r.shape) for r in ref]  # float16-sized error everywhere
+    got[3][0, :2] = [5.004, 5.0]  # the flip the error allows
+    m, v = _judge(ref, got, ANDROID, classifier=True)
+    assert m["top1"] == 0.875 and m["top1_near_ties"] == 1 and m["top1_clear_flips"] == 0
+    assert m["top1_flip_margins"] == [pytest.approx(1e-3)] and m["top1_tie_tolerance"] > 1e-3
+    assert v["passed"], v["reasons"]
+    assert any("near-ties, reported, not failed" in n for n in v["notes"])
+
+
+def test_clear_margin_flip_fails_and_says_top1_decided():
+    ref = _logits()
+    ref[3][0, :2] = [4.0, 9.0]
+    got = [r + 1e-3 for r in ref]
+    got[3] = ref[3].copy()
+    got[3][0, :2] = [9.0, 4.0]  # a clear swap (margin 5), error elsewhere 1e-3
+    m = compare(ref, got, classifier=True, atol=10.0, rtol=10.0)
+    assert m["top1"] == 0.875 and m["top1_clear_flips"] == 1 and m["top1_near_ties"] == 0
+    # elementwise and cosine loosened away: top-1 alone must catch it
+    v = verdict({"y": m}, DESKTOP, atol=10.0, rtol=10.0, min_cosine=-1.0)
+    assert not v["passed"] and v["decided_by"] == ["y: top1"]
+    assert "1 clear-margin flips of 8 rows" in v["reasons"][0]
+    assert judge({"y": m}, DESKTOP, atol=10.0, rtol=10.0, min_cosine=-1.0) == (False, v["reasons"])
+
+
+def test_top1_only_on_class_axis():
+    seg = [np.random.default_rng(0).standard_normal((1, 21, 4, 4)) for _ in range(2)]
+    assert "top1" not in compare(seg, [s[..., ::-1] for s in seg], classifier=False)
+
+    class Seg(torch.nn.Module):
+        def forward(self, x):
+            return x.repeat(1, 21, 1, 1), x.mean(dim=(2, 3)).repeat(1, 5)
+
+    kind = ModuleKind.from_loaded(load_object(Seg(), (torch.randn(1, 1, 4, 4),)), ConvertOptions(samples=2),
+                                  np.random.default_rng(0))
+    assert [kind.class_scores(k) for k in range(2)] == [False, True]  # N x C x H x W: no; [N, C]: yes
+
+
+def test_passing_verdict_names_the_criteria():
+    ref, got = _outputs(1.0, 1e-8)
+    v = verdict({"y": compare(ref, got, classifier=True, atol=1e-4, rtol=1e-3)}, DESKTOP)
+    assert v["passed"] and v["decided_by"] == ["all criteria passed: cosine, elementwise, top1"]
