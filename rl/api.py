@@ -15,7 +15,7 @@ from tpu_pipeline.errors import UserError
 from tpu_pipeline.files import atomic_write_json
 from tpu_pipeline.kernels import use_kernels
 from tpu_pipeline.metrics import MetricsWriter
-from tpu_pipeline.rl import algo
+from tpu_pipeline.rl import algo, dapo
 from tpu_pipeline.rl import countdown  # also registers the countdown data source
 from tpu_pipeline.rl.config import RLConfig, fingerprint, load_recipe, to_dict
 from tpu_pipeline.rl.curve import plot_curve
@@ -66,6 +66,7 @@ def validate(cfg: RLConfig) -> None:
         except UserError as e:
             raise UserError(f"recipe {cfg.name}: data.difficulty: {e}") from None
     algo.check(cfg.algorithm)
+    dapo.check(cfg)
 
 
 def prepare_config(recipe: str, *, steps: int | None = None, time_budget_s: float | None = None, seed: int | None = None,

@@ -37,6 +37,7 @@ class DataConfig:
     max_prompt_length: int = 32
     max_response_length: int = 12
     overlong_prompt: Literal["truncate", "refuse"] = "refuse"
+    pool_size: int = 4000  # countdown: training problems per seed (its warm start's n_train), generated once and cached
 
     def arith_difficulty(self) -> Difficulty:
         """`difficulty` typed for tpu_pipeline.train.arith (unknown keys and bad values: UserError)."""

@@ -37,6 +37,8 @@ def warm_start_overrides(cfg) -> dict[str, Any]:
     section = "countdown" if "countdown" in cfg.data.tasks else "arith"
     if section == "arith" and not cfg.data.file and cfg.data.tasks != ["basic_arithmetic", "chain_sum"]:
         ov["arith.tasks"] = list(cfg.data.tasks)
+    if section == "countdown":  # the warm start trains on exactly rl's seed-0 pool
+        ov["countdown.n_train"] = cfg.data.pool_size
     for k, v in cfg.data.difficulty.items():
         ov[f"{section}.{k}"] = list(v) if isinstance(v, (list, tuple)) else v
     ov.update(cfg.policy.warm_start_overrides)

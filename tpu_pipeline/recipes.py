@@ -39,9 +39,24 @@ def find_recipe(stage: str, name: str) -> Path:
 
 
 def list_recipes() -> list[dict]:
+    """Every shipped recipe: stage, name, description and expected cost, the cost from the
+    recipe's own `expected_minutes_cpu` / `expected_minutes_gpu` fields (0 or absent: not
+    measured; rl costs include the warm start on a fresh cache)."""
     rows = []
     for stage in STAGES:
         for name in recipe_names(stage):
             data = tomllib.loads((recipe_dir(stage) / f"{name}.toml").read_text())
-            rows.append({"stage": stage, "name": name, "description": data.get("description", "")})
+            rows.append({"stage": stage, "name": name, "description": data.get("description", ""),
+                         "expected_minutes_cpu": float(data.get("expected_minutes_cpu") or 0.0) or None,
+                         "expected_minutes_gpu": float(data.get("expected_minutes_gpu") or 0.0) or None})
     return rows
+
+
+def cost_text(row: dict) -> str:
+    """"~8 min CPU" (2 cores), with the GPU figure where one was measured; "?" when none is known."""
+    parts = []
+    if row.get("expected_minutes_cpu"):
+        parts.append(f"~{row['expected_minutes_cpu']:g} min CPU")
+    if row.get("expected_minutes_gpu"):
+        parts.append(f"~{row['expected_minutes_gpu']:g} min GPU")
+    return ", ".join(parts) or "?"

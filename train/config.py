@@ -13,6 +13,7 @@ import dataclasses
 from typing import Literal
 
 from tpu_pipeline.errors import UserError
+from tpu_pipeline.train import countdown
 from tpu_pipeline.train.arith import Difficulty
 
 
@@ -79,17 +80,50 @@ class ArithConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
+class CountdownConfig:
+    n_train: int = 4000              # training problems, one solution each (sampled with replacement per step)
+    n_heldout: int = 1000            # held-out problems for eval.json (deduplicated against training)
+    min_numbers: int = 3             # fewest numbers per problem
+    max_numbers: int = 3             # most numbers per problem
+    min_value: int = 1               # smallest number
+    max_value: int = 9               # largest number
+    min_target: int = 1              # smallest target
+    max_target: int = 30             # largest target
+    operators: list[str] = dataclasses.field(default_factory=lambda: ["+", "-", "*", "/"])  # subset of + - * /
+    hidden_size: int = 192           # Llama width
+    intermediate_size: int = 512     # Llama MLP width
+    num_hidden_layers: int = 4       # Llama depth
+    num_attention_heads: int = 6     # attention heads
+    num_key_value_heads: int = 6     # key/value heads
+    max_position_embeddings: int = 64  # longest prompt + answer in tokens
+    pass_k: int = 8                  # eval.json also reports pass@k at temperature 1 (0: skip)
+    n_pass_k: int = 200              # held-out problems used for pass@k
+
+    def difficulty(self) -> countdown.Difficulty:
+        return countdown.Difficulty(**{k: getattr(self, k) for k in (
+            "min_numbers", "max_numbers", "min_value", "max_value", "min_target", "max_target")},
+            operators=tuple(self.operators))
+
+    def model_config(self) -> dict:
+        return ArithConfig.model_config(self)
+
+
+@dataclasses.dataclass(kw_only=True)
 class Recipe:
     description: str                 # one line shown by `tpu-pipeline recipes`
-    task: Literal["digits_cnn", "arith_lm"]  # which model/data/eval the recipe trains
+    task: Literal["digits_cnn", "arith_lm", "countdown_lm"]  # which model/data/eval the recipe trains
     seed: int = 0                    # run seed: init, batch order, dropout (--seed overrides)
     loop: LoopConfig
     optim: OptimConfig
     digits: DigitsConfig | None = None  # [digits] section, for task = "digits_cnn"
     arith: ArithConfig | None = None    # [arith] section, for task = "arith_lm"
+    countdown: CountdownConfig | None = None  # [countdown] section, for task = "countdown_lm"
+    expected_minutes_cpu: float = 0.0   # wall minutes of the default run on 2 CPU cores (tpu-pipeline recipes; 0: not measured)
+    expected_minutes_gpu: float = 0.0   # the same on one GPU (0: not measured)
 
 
-_TASK_SECTION = {"digits_cnn": "digits", "arith_lm": "arith"}
+_TASK_SECTION = {"digits_cnn": "digits", "arith_lm": "arith", "countdown_lm": "countdown"}
+_SECTION_DEFAULT = {"digits": DigitsConfig, "arith": ArithConfig, "countdown": CountdownConfig}
 
 
 def validate(r: Recipe, where: str) -> Recipe:
@@ -103,7 +137,7 @@ def validate(r: Recipe, where: str) -> Recipe:
         if other != section and getattr(r, other) is not None:
             bad(f"section [{other}] belongs to task {task!r}, but task is {r.task!r}")
     if getattr(r, section) is None:
-        setattr(r, section, DigitsConfig() if section == "digits" else ArithConfig())
+        setattr(r, section, _SECTION_DEFAULT[section]())
     L, O = r.loop, r.optim
     if L.steps < 1:
         bad(f"loop.steps must be >= 1, got {L.steps}")
@@ -139,18 +173,20 @@ def validate(r: Recipe, where: str) -> Recipe:
             bad(f"digits.hidden must be >= 1, got {d.hidden}")
         if not 0 <= d.dropout < 1:
             bad(f"digits.dropout must be in [0, 1), got {d.dropout}")
-    if r.arith is not None:
-        a = r.arith
+    for name in ("arith", "countdown"):
+        a = getattr(r, name)
+        if a is None:
+            continue
         if a.n_train < 1 or a.n_heldout < 1:
-            bad("arith.n_train and arith.n_heldout must be >= 1")
+            bad(f"{name}.n_train and {name}.n_heldout must be >= 1")
         if a.hidden_size % a.num_attention_heads:
-            bad(f"arith.hidden_size ({a.hidden_size}) must be divisible by num_attention_heads ({a.num_attention_heads})")
+            bad(f"{name}.hidden_size ({a.hidden_size}) must be divisible by num_attention_heads ({a.num_attention_heads})")
         if a.num_attention_heads % a.num_key_value_heads:
-            bad(f"arith.num_attention_heads ({a.num_attention_heads}) must be divisible by num_key_value_heads ({a.num_key_value_heads})")
+            bad(f"{name}.num_attention_heads ({a.num_attention_heads}) must be divisible by num_key_value_heads ({a.num_key_value_heads})")
         if min(a.hidden_size, a.intermediate_size, a.num_hidden_layers) < 1:
-            bad("arith model sizes must be >= 1")
+            bad(f"{name} model sizes must be >= 1")
         if a.pass_k < 0 or a.n_pass_k < 0:
-            bad("arith.pass_k and arith.n_pass_k must be >= 0")
+            bad(f"{name}.pass_k and {name}.n_pass_k must be >= 0")
         try:
             a.difficulty()
         except UserError as e:

@@ -19,7 +19,7 @@ from tpu_pipeline.config import load
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.kernels import use_kernels
 from tpu_pipeline.recipes import find_recipe
-from tpu_pipeline.train import arith_lm, digits, distributed
+from tpu_pipeline.train import arith_lm, countdown_lm, digits, distributed
 from tpu_pipeline.train.config import Recipe, validate
 from tpu_pipeline.train.loop import train
 from tpu_pipeline.train.task import TASKS, Task
@@ -28,7 +28,7 @@ from tpu_pipeline.training import Hook
 # --kernels: "pallas" is our hand-written Pallas kernels (tpu_pipeline.kernels),
 # not Inductor's Pallas code generator (--inductor-pallas).
 KERNELS = ("auto", "pallas", "torch")
-_TASK_MODULES = (arith_lm, digits)  # imported for their @TASKS.register
+_TASK_MODULES = (arith_lm, countdown_lm, digits)  # imported for their @TASKS.register
 
 
 def load_recipe(recipe: str, overrides: dict[str, Any] | None = None) -> tuple[str, Recipe]:
