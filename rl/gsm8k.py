@@ -16,6 +16,7 @@ Regenerate it (deterministic; a test checks the shipped rows against this):
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from tpu_pipeline.rl.data import Problem, write_parquet
@@ -32,16 +33,26 @@ def offline_problems(n: int = OFFLINE_ROWS, seed: int = OFFLINE_SEED) -> list[Pr
     # heavy: reasoning_gym imports every task family it ships (~1 s)
     import reasoning_gym
 
-    ds = reasoning_gym.create_dataset("gsm_symbolic", size=n, seed=seed)
-    out = []
-    for i, x in enumerate(ds):
+    # GSM8K's answers are integers: the few generated problems with a fractional answer are
+    # skipped, and so are repeated questions (a held-out row must not be a training row).
+    # Items depend only on (seed, index), so a longer draw keeps the first rows.
+    ds = reasoning_gym.create_dataset("gsm_symbolic", size=2 * n + 10, seed=seed)
+    out, seen = [], set()
+    for x in ds:
+        if len(out) == n:
+            break
         answer = str(x["answer"]).strip()
+        if not re.fullmatch(r"-?\d+", answer) or x["question"] in seen:
+            continue
+        seen.add(x["question"])
         cot = str(x["metadata"].get("answer_cot", "")).strip()
         out.append(Problem(
             prompt=[{"role": "user", "content": f"{x['question']} {INSTRUCTION}"}],
             ground_truth=answer, data_source=DATA_SOURCE, ability="math",
             # VeRL keeps the worked solution (ending "#### N") and the bare question beside the prompt.
-            extra_info={"answer": cot if "####" in cot else f"{cot}\n#### {answer}", "question": x["question"],
+            # Its own last line is replaced: the generator sometimes ends "#### 66.0", which
+            # the strict scorer rejects for "66".
+            extra_info={"answer": f"{cot.split('####')[0].rstrip()}\n#### {answer}", "question": x["question"],
                         "generator": "reasoning_gym.gsm_symbolic", "generator_seed": seed}))
     return out
 
