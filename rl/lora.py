@@ -67,12 +67,24 @@ class AdaptersOff:
     """The KL reference of a LoRA policy: the policy with its adapters disabled, i.e. the
     frozen starting weights, without a second copy of them in memory.
 
-    Called like a model (the engine only calls its reference under no_grad); it has no
-    `model`/`lm_head` attributes, so log-probs take the plain path."""
+    Called like the model (the engine only calls its reference under no_grad); `.model`
+    and `.lm_head` mirror the transformers layout so the fused log-prob kernel path
+    (rollout.token_logprobs) runs on it too."""
 
-    def __init__(self, lora: Lora):
+    def __init__(self, lora: Lora, module=None):
         self._lora = lora
+        self._module = module
 
     def __call__(self, *args, **kwargs):
+        module = self._module if self._module is not None else self._lora.model
         with torch.no_grad(), self._lora.adapters_off():
-            return self._lora.model(*args, **kwargs)
+            return module(*args, **kwargs)
+
+    @property
+    def model(self) -> "AdaptersOff":
+        return AdaptersOff(self._lora, self._lora.model.model)
+
+    @property
+    def lm_head(self):
+        # An adapted lm_head's `.weight` is its base layer's (peft), i.e. the frozen weight.
+        return self._lora.model.lm_head

@@ -1,0 +1,118 @@
+"""LoRA policies: only adapters train (base weights bit-identical after GRPO steps),
+the KL reference is the policy with adapters off (= the starting model), and the
+merged policy/ loads without peft and computes what the adapted model computed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from tpu_pipeline.cli import cli
+from tpu_pipeline.errors import UserError
+
+from .chat_models import save_chat_policy
+from .conftest import SMALL
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def _engine(cfg, model, tok, opt, out, ref, reward):
+    from tpu_pipeline.rl.data import build_source
+    from tpu_pipeline.rl.engine import Engine
+    from tpu_pipeline.rl.rewards import GuardedReward, load_reward
+
+    return Engine(cfg=cfg, model=model, tokenizer=tok, optimizer=opt, source=build_source(cfg.data, 0),
+                  reward=GuardedReward(load_reward(reward), 5.0), out=out, device=torch.device("cpu"), ref_model=ref)
+
+
+def test_adapters_train_alone_and_merge_into_a_plain_policy(tmp_path, tiny_policy, test_rewards):
+    from transformers import AutoModelForCausalLM
+
+    from tpu_pipeline.rl.config import load_recipe
+    from tpu_pipeline.rl.lora import AdaptersOff, add_lora
+    from tpu_pipeline.rl.policy import build_optimizer, load_policy, save_policy
+
+    cfg = load_recipe("grpo_math", {**SMALL, "optim.lr": 1e-2, "optim.warmup_steps": 0,
+                                    "algorithm.use_kl_loss": True, "algorithm.kl_loss_coef": 0.1})
+    model, tok = load_policy(tiny_policy)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = tok(["1+2=", "7-3+1="], padding=True, return_tensors="pt")["input_ids"]
+    start_logits = _logits(model, ids)
+
+    lora = add_lora(model, rank=4)
+    m = lora.model
+    opt, carried = build_optimizer(m, lr=1e-2, weight_decay=0.0, carry_from=None)
+    in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
+    adapters = {n: p for n, p in m.named_parameters() if "lora_" in n}
+    assert not carried and in_opt == {id(p) for p in adapters.values()} and len(adapters) > 0
+    # all-linear: every projection of the layer has adapters, the (tied) LM head none.
+    assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in adapters} == {
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert lora.trainable_parameters() == sum(p.numel() for p in adapters.values())
+
+    eng = _engine(cfg, m, tok, opt, tmp_path, AdaptersOff(lora), "rewards_for_tests:starts_with_hash")
+    rows = []
+    for _ in range(3):
+        rows.append(eng.train_step())
+        eng.step += 1
+    assert any("skipped" not in r for r in rows), rows
+    assert any("kl_loss" in r for r in rows)
+
+    for name, p in m.named_parameters():
+        if "lora_" not in name:
+            assert torch.equal(p, base[name.replace(".base_layer", "")]), name  # bit-identical
+    assert max(float(p.detach().abs().max()) for n, p in adapters.items() if "lora_B" in n) > 0
+
+    adapted = _logits(m, ids)
+    assert not torch.allclose(adapted, start_logits)
+    # The KL reference is the starting model exactly (adapters off, same weights).
+    assert torch.equal(_logits(AdaptersOff(lora), ids), start_logits)
+
+    merged = lora.merged()
+    assert not any("lora" in k for k in merged.state_dict())
+    save_policy(merged, tok, tmp_path / "policy")
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
+    assert type(plain).__name__ == "LlamaForCausalLM"
+    assert set(plain.state_dict()) == set(base)
+    torch.testing.assert_close(_logits(plain, ids), adapted, atol=1e-5, rtol=1e-5)
+
+
+def test_run_with_lora_rank_writes_a_merged_policy(tmp_path, test_rewards):
+    from transformers import AutoModelForCausalLM
+
+    chat = save_chat_policy(tmp_path / "chat")
+    ov = {"data.heldout_n": 8, "data.max_prompt_length": 1024, "data.max_response_length": 8,
+          "trainer.prompts_per_step": 4, "rollout.n": 4, "trainer.eval_k": 0, "trainer.eval_every": 0,
+          "trainer.save_every": 1, "trainer.threads": 1, "trainer.kernels": "torch", "optim.lr": 1e-2,
+          "optim.warmup_steps": 0}
+    args = ["rl", "--recipe", "grpo_gsm8k", "--policy", str(chat), "--lora-rank", "4", "--steps", "2",
+            "--reward", "rewards_for_tests:odd_char_sum", "--out", str(tmp_path / "o"), "--json"]
+    r = CliRunner().invoke(cli, args + [x for k, v in ov.items() for x in ("--set", f"{k}={v}")])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output[r.output.index("{\n"):])
+    assert res["steps"] == 2 and res["warm_start"]["lora_trainable_parameters"] > 0
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["policy"]["lora_rank"] == 4
+    before = AutoModelForCausalLM.from_pretrained(chat)
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "o" / "policy")
+    assert set(after.state_dict()) == set(before.state_dict())
+    changed = [k for k, v in after.state_dict().items() if not torch.equal(v, before.state_dict()[k])]
+    # Merged LoRA deltas land in the adapted projections only (embeddings and norms untouched).
+    assert changed and all(k.endswith("_proj.weight") for k in changed), changed
+
+
+def test_bad_lora_settings_are_user_errors(tiny_policy):
+    from tpu_pipeline.rl.api import prepare_config
+    from tpu_pipeline.rl.lora import add_lora
+    from tpu_pipeline.rl.policy import load_policy
+
+    with pytest.raises(UserError, match="policy.lora_rank must be >= 0"):
+        prepare_config("grpo_math", lora_rank=-1)
+    model, _ = load_policy(tiny_policy)
+    with pytest.raises(UserError, match="lora_target_modules 'nope_proj'"):
+        add_lora(model, rank=4, target_modules="nope_proj")
