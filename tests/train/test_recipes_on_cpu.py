@@ -63,7 +63,7 @@ def test_kernels_choice():
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--recipe", "nope"], "unknown train recipe 'nope'; valid: arith_lm, digits_cnn"),
+    (["--recipe", "nope"], "unknown train recipe 'nope'; valid: arith_lm, countdown_lm, digits_cnn"),
     (["--recipe", "digits_cnn", "--set", "optim.lr=abc"], "optim: lr: expected a number, got 'abc'"),
     (["--recipe", "digits_cnn", "--nproc", "0"], "--nproc must be >= 1"),
     (["--recipe", "digits_cnn", "--device", "tpu9"], "unknown device 'tpu9'"),
