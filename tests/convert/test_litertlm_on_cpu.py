@@ -1,0 +1,138 @@
+"""LiteRT-LM bundles: litert-torch's export_hf (no TensorFlow) writes a .litertlm that
+litert_lm runs with greedy text equal to transformers' token for token; a quantized
+variant's divergences are judged by the near-tie rule; unsupported families are
+refused in one line. Each export takes ~40-90 s: two families here (grouped-query
+Llama, multi-query Gemma); bench/lm_families.py runs every family."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from tokenizers import Tokenizer
+
+from tpu_pipeline.convert import litertlm
+from tpu_pipeline.convert.lm_export import eos_token_ids, load_hf_causal_lm
+from tpu_pipeline.errors import UserError
+
+from .lm_zoo import PROMPTS, save_family
+
+CACHE = 64
+NEW_TOKENS = 16
+
+
+def _char_tokenizer() -> Tokenizer:
+    from tpu_pipeline.train.arith import build_tokenizer
+
+    return build_tokenizer().backend_tokenizer
+
+
+def _ref(ids, gaps):
+    return litertlm.Reference(prompt_ids=[1], ids=ids, top2_gaps=gaps)
+
+
+def test_compare_token_for_token():
+    tok = _char_tokenizer()
+    one, two, plus, eos = (tok.token_to_id(c) for c in ("1", "2", "+", "</s>"))
+    # the engine hides the stop token and streams one piece per token
+    assert litertlm._compare(tok, _ref([one, plus, two, eos], [5.0] * 4), ["1", "+", "2"], [eos], None) == {
+        "match": True}
+    v = litertlm._compare(tok, _ref([one, plus, two], [5.0, 5.0, 0.01]), ["1", "+", "1"], [eos], 0.05)
+    assert (v["token_index"], v["torch"], v["litert"], v["near_tie"]) == (2, two, one, True)
+    # a gap above the measured logit error is a real divergence
+    v = litertlm._compare(tok, _ref([one, plus, two], [5.0, 5.0, 0.2]), ["1", "+", "1"], [eos], 0.05)
+    assert (v["token_index"], v["near_tie"]) == (2, False)
+    # no logit error measured: never a near-tie
+    assert litertlm._compare(tok, _ref([one, two], [5.0, 0.0]), ["1", "1"], [eos], None)["near_tie"] is False
+    # the engine went on past the reference's stop token
+    v = litertlm._compare(tok, _ref([one, eos], [5.0, 3.0]), ["1", "+"], [eos], 0.05)
+    assert (v["token_index"], v["torch"], v["litert"]) == (1, eos, plus)
+
+
+@pytest.mark.parametrize("model_type, words", [
+    ("gpt2", "GPT-2"), ("bert", "'bert'"), ("falcon", "'falcon'")])
+def test_unsupported_family_is_refused_in_one_line(model_type, words):
+    with pytest.raises(UserError) as e:
+        litertlm.check_family(types.SimpleNamespace(model_type=model_type))
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_mistral_sliding_window_is_refused_by_name():
+    cfg = types.SimpleNamespace(model_type="mistral", sliding_window=8, max_position_embeddings=128)
+    with pytest.raises(UserError, match="sliding_window=8"):
+        litertlm.check_family(cfg)
+    litertlm.check_family(types.SimpleNamespace(model_type="mistral", sliding_window=None,
+                                                max_position_embeddings=128))
+
+
+def _export(tmp_path_factory, family: str, **kw):
+    folder = save_family(family, tmp_path_factory.mktemp(family) / "hf", **kw)
+    work = tmp_path_factory.mktemp(f"{family}_work")
+    bundle = litertlm.export_bundle(folder, work, cache_length=CACHE, prefill_length=16)
+    model = load_hf_causal_lm(folder)
+    return folder, model, bundle, work
+
+
+def _parity(folder, model, bundle, work):
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    work.mkdir(exist_ok=True)
+    return litertlm.bundle_parity(model, tok, bundle, list(PROMPTS), max_new_tokens=NEW_TOKENS, cache_length=CACHE,
+                                  eos_ids=eos_token_ids(model), pad_id=0, work=work)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return _export(tmp_path_factory, "llama", kv_heads=2)
+
+
+@pytest.mark.slow
+def test_llama_gqa_bundle_generates_like_transformers(llama):
+    folder, model, bundle, work = llama
+    assert bundle[:8] == b"LITERTLM"
+    got = _parity(folder, model, bundle, work / "float")
+    assert got["generation_agreement"] == 1.0, got["first_generation_divergence"]
+    assert got["tokenizer_agreement"] == 1.0
+    assert got["prompts"] == len(PROMPTS)
+    with litertlm.BundleRunner(work / "float" / litertlm.BUNDLE_FILE, max_num_tokens=CACHE) as r:
+        # the bundle carries the start and stop tokens of the folder's tokenizer
+        assert r.engine.bos_token_id == model.config.bos_token_id
+        assert [model.config.eos_token_id] in r.engine.eos_token_ids
+
+
+@pytest.mark.slow
+def test_dynamic_int8_bundle_is_smaller_and_judged_by_near_ties(llama):
+    folder, model, bundle, work = llama
+    q = litertlm.bundle_variant(bundle, "dynamic_int8")
+    assert len(q) < 0.75 * len(bundle)
+    got = _parity(folder, model, q, work / "int8")
+    fd = got["first_generation_divergence"]
+    if fd is None:
+        assert got["generation_agreement"] == 1.0
+    else:
+        # a divergence only counts as a near-tie when the reference's top-2 gap is below
+        # the int8 bundle's measured logit error
+        assert got["logit_max_abs"] is not None and got["logit_max_abs"] > 0
+        assert fd["near_tie"] == (fd["top2_gap"] < got["logit_max_abs"])
+    assert got["agreement_with_near_ties"] >= got["generation_agreement"]
+
+
+@pytest.mark.slow
+def test_gemma_multi_query_bundle_generates_like_transformers(tmp_path_factory):
+    folder, model, bundle, work = _export(tmp_path_factory, "gemma", kv_heads=1)
+    got = _parity(folder, model, bundle, work / "float")
+    assert got["generation_agreement"] == 1.0, got["first_generation_divergence"]
+
+
+def test_export_failure_is_a_conversion_error_naming_the_cause(tmp_path, monkeypatch):
+    from tpu_pipeline.errors import ConversionError
+
+    def failing_worker(cmd, stdout, **kw):  # what a failed export_hf child leaves in its log
+        stdout.write("Traceback (most recent call last):\n  File x\nAttributeError: 'LiteRTLMCache' object has "
+                     "no attribute 'get_max_length'\n")
+        return types.SimpleNamespace(returncode=1)
+
+    monkeypatch.setattr(litertlm.subprocess, "run", failing_worker)
+    with pytest.raises(ConversionError) as e:
+        litertlm.export_bundle(tmp_path / "hf", tmp_path, cache_length=CACHE, prefill_length=16)
+    assert "export_hf could not write a .litertlm: AttributeError: 'LiteRTLMCache'" in str(e.value)
+    assert "\n" not in str(e.value)
