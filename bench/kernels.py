@@ -1,7 +1,9 @@
 """Benchmark the Pallas kernels against their PyTorch counterparts.
 
-    # On a CUDA GPU (needs jax[cuda12] next to torch): native Pallas vs torch
-    .venv/bin/python bench/kernels.py --out bench-kernels.json
+    # On a CUDA GPU (needs JAX's CUDA plugin next to torch): native Pallas vs torch
+    python bench/kernels.py --device cuda --out bench-kernels.json
+    # The same in under 4 minutes on an H200, compilation included (bench/gpu_check.sh)
+    python bench/kernels.py --device cuda --quick
     # On CPU: small shapes, Pallas in interpret mode (a correctness tool's cost, not speed)
     .venv/bin/python bench/kernels.py --device cpu
 
@@ -16,6 +18,18 @@ device copy gives the bandwidth ceiling (GB/s), a large matmul (bf16 on GPU,
 float32 on CPU) the FLOP ceiling. Memory-bound ops report achieved GB/s,
 compute-bound ones achieved TFLOP/s (useful FLOPs: recomputation in the
 backward passes is not counted), each also as a fraction of the ceiling.
+
+Peak memory (GPU) of one forward+backward, inputs excluded. torch:
+torch.cuda.max_memory_allocated. Pallas: what torch allocated around the kernels
+plus what JAX holds, which torch cannot see: the outputs of every kernel call
+of the step plus the largest temporary buffer of any of them, read from XLA's
+memory analysis of the compiled calls (an upper bound: they may not coincide).
+On CPU: n/a.
+
+The Llama step: a transformers Llama (4 layers, hidden 1024, GQA 16/4,
+sequence 1024, batch 8, bf16; issue 13's shape) trained with AdamW, stock
+(sdpa attention) against `use_kernels(model, "pallas")`: ms per step and
+tokens/s.
 """
 
 from __future__ import annotations
@@ -30,17 +44,23 @@ import time
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
+import jax  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from tpu_pipeline.kernels import _bridge  # noqa: E402
 from tpu_pipeline.kernels import flash_attention, linear_token_logprobs, rms_norm, token_logprobs  # noqa: E402
+from tpu_pipeline.kernels import use_kernels  # noqa: E402
 
 SHAPES = {
     "cuda": dict(attn=(4, 16, 4, 2048, 128), rms=(16384, 4096), lp=(4096, 32768), lin=(4096, 2048, 32768),
-                 dtype=torch.bfloat16, copy_mib=1024, mm=8192),
+                 dtype=torch.bfloat16, copy_mib=1024, mm=8192,
+                 # layers, hidden, heads, kv heads, seq, batch, vocab
+                 llama=(4, 1024, 16, 4, 1024, 8, 32000)),
     "cpu": dict(attn=(1, 4, 2, 128, 32), rms=(512, 256), lp=(128, 2048), lin=(128, 64, 2048),
-                dtype=torch.float32, copy_mib=64, mm=1024),
+                dtype=torch.float32, copy_mib=64, mm=1024, llama=(2, 64, 4, 2, 32, 2, 256)),
 }
+WORK = ("attention", "rms", "logprobs", "linear", "llama")
 
 
 class Timer:
@@ -83,6 +103,55 @@ def ceilings(dev, shapes, timer) -> dict:
     tflops = 2 * m**3 / (ms * 1e-3) / 1e12
     del src, dst, a, b
     return {"bandwidth_gbs": bw, "matmul_tflops": tflops, "matmul_dtype": str(mm_dtype).replace("torch.", "")}
+
+
+class JaxCalls:
+    """Records the Pallas calls the torch bridge makes, to read their compiled memory."""
+
+    def __init__(self):
+        self.calls = []
+        self._real = _bridge._run
+
+    def __enter__(self):
+        def spy(fn, tensors, **static):
+            self.calls.append((fn, [t.detach().contiguous() for t in tensors], static))
+            return self._real(fn, tensors, **static)
+
+        _bridge._run = spy
+        return self
+
+    def __exit__(self, *exc):
+        _bridge._run = self._real
+
+    def bytes(self) -> int:
+        """Outputs of every recorded call + the largest temporary buffer of any."""
+        outputs, temp = 0, 0
+        for fn, tensors, static in self.calls:
+            args = [jax.ShapeDtypeStruct(tuple(t.shape), jax.dlpack.from_dlpack(t).dtype) for t in tensors]
+            with jax.enable_x64(any(t.dtype == torch.float64 for t in tensors)):
+                mem = fn.native.lower(*args, interpret=False, **static).compile().memory_analysis()
+            outputs += mem.output_size_in_bytes
+            temp = max(temp, mem.temp_size_in_bytes)
+        return outputs + temp
+
+    def blocks(self) -> list[str]:
+        return sorted({f"{fn.__name__}: {static.get('cfg')}" for fn, _, static in self.calls})
+
+
+def peak_memory(dev, fn, pallas: bool) -> dict:
+    """Peak bytes of fn() above what is allocated before it (GPU); see the module docstring."""
+    if dev.type != "cuda":
+        return {"peak_mib": None}
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with JaxCalls() as calls:
+        fn()
+        torch.cuda.synchronize()
+    torch_peak = torch.cuda.max_memory_allocated() - base
+    jax_bytes = calls.bytes() if pallas else 0
+    return {"peak_mib": (torch_peak + jax_bytes) / 2**20, "torch_alloc_mib": torch_peak / 2**20,
+            "jax_mib": jax_bytes / 2**20}
 
 
 def _fwd_bwd(fn, inputs):
@@ -141,6 +210,14 @@ def bench_linear(dev, s, timer, impl):
 
 def _pair(name, ours, theirs, inputs, timer, *, flops=None, nbytes=None, bwd_factor=None, bwd_bytes=None, shape=""):
     row = {"kernel": name, "shape": shape}
+    dev = inputs[0].device
+    with JaxCalls() as calls:
+        _fwd_bwd(ours, inputs)()  # compiles, and records the blocks the device configuration chose
+    row["blocks"] = calls.blocks()
+    row["memory"] = {"pallas": peak_memory(dev, _fwd_bwd(ours, inputs), True),
+                     "torch": peak_memory(dev, _fwd_bwd(theirs, inputs), False)}
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
     for mode, wrap in (("fwd", lambda f: f), ("fwd+bwd", lambda f: _fwd_bwd(f, inputs))):
         with torch.set_grad_enabled(mode != "fwd"):
             t_ours = timer(wrap(ours))
@@ -157,12 +234,56 @@ def _pair(name, ours, theirs, inputs, timer, *, flops=None, nbytes=None, bwd_fac
     return row
 
 
+def bench_llama(dev, s, timer, impl, steps: int):
+    """ms per AdamW step and tokens/s: stock transformers Llama (sdpa) vs use_kernels(model, impl)."""
+    import transformers  # heavy: only the Llama step needs it
+
+    layers, hidden, heads, kv_heads, seq, batch, vocab = s["llama"]
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
+                                   num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                   max_position_embeddings=seq, attn_implementation="sdpa")
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (batch, seq), generator=gen).to(dev)
+    row = {"kernel": "llama_train_step", "shape": f"layers={layers} hidden={hidden} heads={heads}/{kv_heads} "
+                                                  f"seq={seq} batch={batch} {str(s['dtype']).replace('torch.', '')}"}
+    for name in ("torch", "pallas"):
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(cfg).to(device=dev, dtype=s["dtype"]).train()
+        if name == "pallas":
+            use_kernels(model, impl)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            loss = model(input_ids=ids, labels=ids).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            return loss
+
+        losses = [step().item() for _ in range(2)]  # compile / warm up
+        t = Timer(dev, 0, steps)
+        ms = t(step)
+        row[name] = {"ms_per_step": ms, "tokens_per_s": batch * seq / (ms * 1e-3), "first_losses": losses,
+                     "memory": peak_memory(dev, step, name == "pallas")}
+        del model, opt
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    row["speedup_vs_torch"] = row["torch"]["ms_per_step"] / row["pallas"]["ms_per_step"]
+    return row
+
+
+def _mib(m: dict) -> str:
+    return "n/a" if m.get("peak_mib") is None else f"{m['peak_mib']:.0f} MiB"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--iters", type=int, default=None)
-    ap.add_argument("--only", default="attention,rms,logprobs,linear")
+    ap.add_argument("--only", default=",".join(WORK), help=f"comma-separated subset of {','.join(WORK)}")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer timed iterations (3 warm-up, 10 timed; 5 Llama steps): < 4 min on an H200")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
 
@@ -172,8 +293,6 @@ def main(argv=None) -> int:
         return 2
     dev = torch.device(kind)
     if kind == "cuda":
-        import jax
-
         if not any(d.platform == "gpu" for d in jax.devices()):
             print("error: JAX sees no GPU; native Pallas needs jax[cuda12] (pip install 'jax[cuda12]')",
                   file=sys.stderr)
@@ -186,16 +305,26 @@ def main(argv=None) -> int:
         mode = "Pallas INTERPRET mode on CPU: a correctness tool's cost, not a speed figure"
         name = f"{platform.machine()} CPU, {os.cpu_count()} cores"
     shapes = SHAPES[kind]
-    timer = Timer(dev, args.warmup if args.warmup is not None else (10 if kind == "cuda" else 3),
-                  args.iters if args.iters is not None else (50 if kind == "cuda" else 15))
+    warmup, iters = (3, 10) if args.quick else ((10, 50) if kind == "cuda" else (3, 15))
+    timer = Timer(dev, args.warmup if args.warmup is not None else warmup,
+                  args.iters if args.iters is not None else iters)
+    unknown = set(args.only.split(",")) - set(WORK)
+    if unknown:
+        print(f"error: --only: unknown {', '.join(sorted(unknown))}; valid: {', '.join(WORK)}", file=sys.stderr)
+        return 2
 
     result = {"device": name, "mode": mode, "date": time.strftime("%Y-%m-%d"),
               "torch": torch.__version__, "ceilings": ceilings(dev, shapes, timer), "kernels": []}
     benches = {"attention": bench_attention, "rms": bench_rms, "logprobs": bench_logprobs, "linear": bench_linear}
+    t0 = time.perf_counter()
     for key in args.only.split(","):
-        result["kernels"].append(benches[key](dev, shapes, timer, "pallas"))
+        if key == "llama":
+            result["llama"] = bench_llama(dev, shapes, timer, "pallas", steps=5 if args.quick else 20)
+        else:
+            result["kernels"].append(benches[key](dev, shapes, timer, "pallas"))
         if kind == "cuda":
             torch.cuda.empty_cache()
+    result["wall_s"] = time.perf_counter() - t0
 
     print(f"# {name}: {mode}")
     c = result["ceilings"]
@@ -213,6 +342,20 @@ def main(argv=None) -> int:
                         f"({f['pallas_gbs'] / c['bandwidth_gbs']:.1%} of ceiling)")
             print(f"{r['kernel']:22s} {m:8s} {r['shape']:28s} pallas {f['pallas_ms']:9.3f} ms  torch "
                   f"{f['torch_ms']:9.3f} ms  torch/pallas {f['speedup_vs_torch']:6.3f}  {rate}")
+        mem = r["memory"]
+        ratio = ("" if mem["pallas"]["peak_mib"] is None else
+                 f" ({mem['pallas']['peak_mib'] / max(mem['torch']['peak_mib'], 1e-9):.1%} of torch's)")
+        print(f"{'':22s} peak memory fwd+bwd: pallas {_mib(mem['pallas'])}{ratio}, torch {_mib(mem['torch'])}")
+        for b in r["blocks"]:
+            print(f"{'':22s} blocks {b}")
+    if "llama" in result:
+        r = result["llama"]
+        for name in ("torch", "pallas"):
+            print(f"llama step {name:6s} {r['shape']}: {r[name]['ms_per_step']:.2f} ms/step, "
+                  f"{r[name]['tokens_per_s']:.0f} tokens/s, peak {_mib(r[name]['memory'])}, "
+                  f"first losses {', '.join(f'{x:.4f}' for x in r[name]['first_losses'])}")
+        print(f"llama step pallas vs torch: {r['speedup_vs_torch']:.3f}x")
+    print(f"# wall {result['wall_s']:.1f} s")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=2)

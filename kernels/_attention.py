@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from tpu_pipeline.kernels._common import (NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, feature_dim, kernel_jit, pad_axis,
-                                         read_row_scalar, round_up, row_scalars_spec)
+from tpu_pipeline.kernels._common import (NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, feature_dim, kernel_jit,
+                                         pad_axis, read_row_scalar, round_up, row_scalars_spec)
 from tpu_pipeline.kernels._config import AttentionBlocks, fit_block
 
 

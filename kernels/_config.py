@@ -152,12 +152,13 @@ class LinearLogprobsBlocks(_Blocks):
         if direction == "bwd":
             # Gradient pass: d logits as a dot operand, the h / w slices again, and one
             # float32 output tile on its way to memory.
-            b += (self.rows * self.vocab * itemsize + self.num_stages * (self.rows + self.vocab) * self.hidden * itemsize
-                  + max(self.rows, self.vocab) * self.hidden * 4)
+            staged = self.num_stages * (self.rows + self.vocab) * self.hidden * itemsize
+            b += self.rows * self.vocab * itemsize + staged + max(self.rows, self.vocab) * self.hidden * 4
         return b
 
 
-def linear_logprobs_blocks(n: int, h: int, v: int, itemsize: int, device: Device, direction: str) -> LinearLogprobsBlocks:
+def linear_logprobs_blocks(n: int, h: int, v: int, itemsize: int, device: Device,
+                           direction: str) -> LinearLogprobsBlocks:
     """Blocks for linear_token_logprobs on `device` (direction "fwd" or "bwd").
 
     GPU start: 128x128 logit tiles (an MMA-friendly square, 64 float32 registers a

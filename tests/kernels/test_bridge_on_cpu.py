@@ -148,7 +148,12 @@ def test_bench_script_runs_on_cpu_and_says_interpret_mode(capsys, tmp_path):
     assert "INTERPRET mode" in capsys.readouterr().out
     result = json.loads(out.read_text())
     assert result["ceilings"]["bandwidth_gbs"] > 0
-    assert result["kernels"][0]["kernel"] == "rms_norm" and result["kernels"][0]["fwd+bwd"]["pallas_ms"] > 0
+    row = result["kernels"][0]
+    assert row["kernel"] == "rms_norm" and row["fwd+bwd"]["pallas_ms"] > 0
+    assert row["memory"]["pallas"]["peak_mib"] is None  # no peak-memory counter on CPU: n/a, not 0
+    # The blocks the device configuration chose (CPU runs the H200's) are in the results.
+    assert any(b.startswith("rms_norm_fwd: RowBlocks(rows=32, d=256") for b in row["blocks"]), row["blocks"]
+    assert bench.main(["--device", "cpu", "--only", "rms,bogus"]) == 2
 
 
 def test_gpu_feature_padding_is_exact(monkeypatch):

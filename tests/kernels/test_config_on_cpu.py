@@ -16,7 +16,8 @@ def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-@pytest.mark.parametrize("h,v,itemsize", list(itertools.product((256, 2048, 4096, 8192), (5000, 32768, 256000), (2, 4))))
+@pytest.mark.parametrize("h,v,itemsize",
+                         list(itertools.product((256, 2048, 4096, 8192), (5000, 32768, 256000), (2, 4))))
 def test_linear_logprobs_blocks_fit_the_h200(h, v, itemsize):
     for n, direction in itertools.product((100, 4096), ("fwd", "bwd")):
         cfg = C.linear_logprobs_blocks(n, h, v, itemsize, C.H200, direction)
