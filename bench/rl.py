@@ -4,6 +4,8 @@ threads, in one process run (pip install 'tpu-pipeline[bench]' for TRL).
 
     .venv/bin/python bench/rl.py speed --threads 2 --steps 6 [--policy HF_DIR]
     .venv/bin/python bench/rl.py control --warm-start DIR --seconds S   # supervised control for docs
+    .venv/bin/python bench/rl.py control --recipe grpo_countdown --warm-start DIR --seconds S
+    .venv/bin/python bench/rl.py curves runs/grpo_math runs/dapo_math --png docs/rl_dapo_vs_grpo.png
 
 Both sides: 64 prompts x 8 samples, temperature 1, at most 12 new tokens,
 lr 3e-5, no KL (TRL beta=0), one optimisation pass per batch, float32 on CPU.
@@ -158,8 +160,44 @@ def control(a) -> dict:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    cfg = load_recipe("grpo_math")
+    cfg = load_recipe(a.recipe)
+    if "countdown" in cfg.data.tasks:
+        from tpu_pipeline.rl.countdown import supervised_control as countdown_control
+
+        return countdown_control(cfg, a.warm_start, a.seconds, lr=a.lr, k=a.k)
     return supervised_control(cfg, a.warm_start, a.seconds, lr=a.lr, k=a.k)
+
+
+def curves(a) -> dict:
+    """Held-out greedy accuracy against RL wall time for several run folders (their
+    metrics.jsonl and eval.json), on one plot: e.g. grpo_math and dapo_math, same seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tpu_pipeline.metrics import read_metrics
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    out = {}
+    for run in a.runs:
+        run = Path(run)
+        ev = json.loads((run / "eval.json").read_text())
+        rows = read_metrics(run / "metrics.jsonl")
+        pts = [(0.0, ev["before"]["accuracy"])]
+        pts += [(r["elapsed_seconds"], r["heldout_accuracy"]) for r in rows if "heldout_accuracy" in r]
+        pts.append((ev["rl_seconds"], ev["after"]["accuracy"]))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=f"{ev['recipe']} ({ev['steps']} steps)")
+        out[ev["recipe"]] = {"curve": [(round(t, 1), round(acc, 4)) for t, acc in pts], "steps": ev["steps"],
+                             "before": ev["before"], "after": ev["after"], "gain_points": ev["gain_points"]}
+    ax.set_xlabel("RL wall time (s)")
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(a.png, dpi=110)
+    out["png"] = a.png
+    return out
 
 
 def main() -> None:
@@ -172,15 +210,19 @@ def main() -> None:
     s.add_argument("--n", type=int, default=8)
     s.add_argument("--policy", default=None)
     c = sub.add_parser("control")
+    c.add_argument("--recipe", default="grpo_math")
     c.add_argument("--warm-start", required=True)
     c.add_argument("--seconds", type=float, required=True)
     c.add_argument("--lr", type=float, default=1e-4)
     c.add_argument("--k", type=int, default=8)
     c.add_argument("--threads", type=int, default=0)
-    for x in (s, c):
+    v = sub.add_parser("curves")
+    v.add_argument("runs", nargs="+")
+    v.add_argument("--png", required=True)
+    for x in (s, c, v):
         x.add_argument("--json-out", default=None)
     a = p.parse_args()
-    res = speed(a) if a.cmd == "speed" else control(a)
+    res = {"speed": speed, "control": control, "curves": curves}[a.cmd](a)
     text = json.dumps(res, indent=2)
     print(text)
     if a.json_out:

@@ -42,6 +42,8 @@ DATA_SOURCE = "countdown"
 OPERATORS = ("+", "-", "*", "/")
 # Held-out problems come from seeds at and above this one (as in tpu_pipeline.train.arith).
 HELDOUT_SEED = 1_000_000_000
+# Distance between the generator seeds of successive held-out draws (more than any draw's size).
+SEED_STRIDE = 10_000_000
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -150,7 +152,8 @@ def heldout_problems(n: int, *, difficulty: Difficulty = DEFAULT_DIFFICULTY,
     seen = {p.prompt for p in exclude or ()}
     out: list[Problem] = []
     for attempt in range(10):
-        for p in _generate(max(n, 64), HELDOUT_SEED + attempt, difficulty):
+        # reasoning-gym seeds item i with seed + i: nearby seeds repeat each other's problems.
+        for p in _generate(max(n, 64), HELDOUT_SEED + attempt * SEED_STRIDE, difficulty):
             if p.prompt not in seen:
                 seen.add(p.prompt)
                 out.append(p)
