@@ -135,7 +135,14 @@ class JaxCalls:
         return outputs + temp
 
     def blocks(self) -> list[str]:
-        return sorted({f"{fn.__name__}: {static.get('cfg')}" for fn, _, static in self.calls})
+        """The block configuration of each call and its estimated shared memory (kernels/_config.py)."""
+        rows = set()
+        for fn, tensors, static in self.calls:
+            cfg = static.get("cfg")
+            direction = "fwd" if fn.__name__.endswith("_fwd") else "bwd"
+            smem = cfg.onchip_bytes(tensors[0].element_size(), direction) if cfg is not None else 0
+            rows.add(f"{fn.__name__}: {cfg}, ~{smem / 1024:.0f} KiB on-chip (estimate)")
+        return sorted(rows)
 
 
 def peak_memory(dev, fn, pallas: bool) -> dict:

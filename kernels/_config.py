@@ -34,6 +34,7 @@ CPU tests exercise the very block shapes the GPU compiles.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from dataclasses import dataclass
 
@@ -100,14 +101,18 @@ def _regs(elems: int, num_warps: int) -> float:
     return elems / (32 * num_warps)
 
 
-class _Blocks:
-    """Shared checks: `fits(device, itemsize)` against memory, tile and register limits."""
+class _Blocks(abc.ABC):
+    """Shared checks: `fits(device, itemsize, direction)` against memory, tile and register limits."""
 
+    num_warps: int
+
+    @abc.abstractmethod
     def tiles(self, direction: str) -> dict[str, int]:
-        raise NotImplementedError
+        """Elements of every tile a program holds; "acc" is the float32 one in registers."""
 
+    @abc.abstractmethod
     def onchip_bytes(self, itemsize: int, direction: str) -> int:
-        raise NotImplementedError
+        """Estimated shared memory (GPU) / VMEM (TPU) of one program, inputs of `itemsize` bytes."""
 
     def fits(self, device: Device, itemsize: int, direction: str) -> bool:
         if self.onchip_bytes(itemsize, direction) > device.onchip_bytes:
