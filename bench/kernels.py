@@ -106,11 +106,16 @@ def ceilings(dev, shapes, timer) -> dict:
 
 
 class JaxCalls:
-    """Records the Pallas calls the torch bridge makes, to read their compiled memory."""
+    """Records the Pallas calls the torch bridge makes, to read their compiled memory, and
+    the shared memory Triton reports for each kernel compiled meanwhile (JAX > 0.10.2
+    compiles Triton kernels while lowering; jax._src.lib.triton is JAX-internal, so this
+    is best effort: an empty list when the hook is not there)."""
 
     def __init__(self):
         self.calls = []
+        self.triton = []  # (num_warps, num_stages, shared memory bytes) per compiled kernel
         self._real = _bridge._run
+        self._real_compile = None
 
     def __enter__(self):
         def spy(fn, tensors, **static):
@@ -118,10 +123,26 @@ class JaxCalls:
             return self._real(fn, tensors, **static)
 
         _bridge._run = spy
+        try:
+            from jax._src.lib import triton as triton_lib  # JAX-internal: the Triton compile hook
+        except ImportError:
+            triton_lib = None
+        if triton_lib is not None and hasattr(triton_lib, "compile"):
+            self._triton_lib, self._real_compile = triton_lib, triton_lib.compile
+
+            def compile_spy(*args, **kwargs):
+                result = self._real_compile(*args, **kwargs)
+                self.triton.append((kwargs.get("num_warps"), kwargs.get("num_stages"),
+                                    getattr(result, "smem_bytes", None)))
+                return result
+
+            triton_lib.compile = compile_spy
         return self
 
     def __exit__(self, *exc):
         _bridge._run = self._real
+        if self._real_compile is not None:
+            self._triton_lib.compile = self._real_compile
 
     def bytes(self) -> int:
         """Outputs of every recorded call + the largest temporary buffer of any."""
@@ -221,6 +242,7 @@ def _pair(name, ours, theirs, inputs, timer, *, flops=None, nbytes=None, bwd_fac
     with JaxCalls() as calls:
         _fwd_bwd(ours, inputs)()  # compiles, and records the blocks the device configuration chose
     row["blocks"] = calls.blocks()
+    row["triton_compiled"] = [{"num_warps": w, "num_stages": st, "smem_bytes": b} for w, st, b in calls.triton]
     row["memory"] = {"pallas": peak_memory(dev, _fwd_bwd(ours, inputs), True),
                      "torch": peak_memory(dev, _fwd_bwd(theirs, inputs), False)}
     if dev.type == "cuda":
@@ -355,6 +377,9 @@ def main(argv=None) -> int:
         print(f"{'':22s} peak memory fwd+bwd: pallas {_mib(mem['pallas'])}{ratio}, torch {_mib(mem['torch'])}")
         for b in r["blocks"]:
             print(f"{'':22s} blocks {b}")
+        for t in r["triton_compiled"]:
+            print(f"{'':22s} Triton compiled: {t['num_warps']} warps, {t['num_stages']} stages, "
+                  f"{t['smem_bytes']} B shared memory")
     if "llama" in result:
         r = result["llama"]
         for name in ("torch", "pallas"):
