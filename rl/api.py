@@ -243,7 +243,7 @@ def evaluate_policy(recipe: str, policy: str | Path, *, seed: int | None = None,
         if n < 1:
             raise UserError(f"--n must be >= 1, got {n}")
         ov["data.heldout_n"] = n
-    cfg = prepare_config(recipe, data=data, device=device, overrides=ov)
+    cfg = prepare_config(recipe, data=data, device=device, policy=str(policy), overrides=ov)
     platform = tpu_pipeline.select_device(cfg.trainer.device)
     source = build_source(cfg.data, cfg.trainer.seed)
     if seed is None:

@@ -198,3 +198,40 @@ def test_engine_verl_dry_run_is_verls_gsm8k_launch(tmp_path, chat_policy):
     assert train[0]["prompt"][0]["content"].endswith(INSTRUCTION)
     yaml = (tmp_path / "v" / "verl" / "ppo_trainer.yaml").read_text()
     assert "lora_rank: 8" in yaml
+
+
+def test_nan_steps_stop_the_run_with_exit_5(tmp_path, chat_policy, test_rewards, monkeypatch):
+    import torch
+
+    from tpu_pipeline.errors import DivergedError
+    from tpu_pipeline.rl import algo, run
+
+    real = algo.policy_loss
+
+    def nan_loss(**kw):
+        loss, m = real(**kw)
+        return loss * torch.tensor(float("nan")), m
+
+    monkeypatch.setattr(algo, "policy_loss", nan_loss)
+    with pytest.raises(DivergedError, match=r"the loss was NaN/inf in 2 consecutive steps, the last at step 2"):
+        run("grpo_gsm8k", tmp_path / "r", policy=str(chat_policy), steps=5, reward="rewards_for_tests:odd_char_sum",
+            overrides={**GSM_SMALL, "trainer.max_nan_steps": 2}, progress=False, log=lambda m: None)
+    assert not (tmp_path / "r" / "policy").exists()
+
+
+def test_eval_cli_scores_a_chat_policy_strictly(tmp_path, chat_policy):
+    from tpu_pipeline.recipes import find_recipe
+
+    # A user's copy of the recipe: the character tokenizer needs longer prompts than BPE.
+    text = find_recipe("rl", "grpo_gsm8k").read_text()
+    recipe = tmp_path / "my_gsm8k.toml"
+    recipe.write_text(text.replace("max_prompt_length = 512", "max_prompt_length = 1024")
+                      .replace("max_response_length = 512", "max_response_length = 32"))
+    r = _cli("eval", "--recipe", recipe, "--policy", chat_policy, "--n", 5, "--k", 0, "--json", "--data", SHIPPED)
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output)
+    # A random policy never writes "#### <the answer>": VeRL's strict scorer gives it nothing.
+    assert res["n"] == 5 and res["split"] == "heldout" and res["accuracy"] == 0.0
+    plain = save_chat_policy(tmp_path / "plain", chat_template=None)
+    r = _cli("eval", "--recipe", recipe, "--policy", plain, "--n", 5)
+    assert r.exit_code == 2 and "has no chat template" in r.output
