@@ -71,6 +71,11 @@ class ModelKind(abc.ABC):
     def precision(self, profile: TargetProfile) -> str:
         return profile.precision
 
+    def candidates(self, profile: TargetProfile) -> list[str]:
+        """The precisions measured for `profile`, preferred first; the pipeline ships the one that
+        passes parity and the checks, then is fastest. Default: only `precision(profile)`."""
+        return [self.precision(profile)]
+
     @abc.abstractmethod
     def variant(self, float_model: Artifact, precision: str) -> Artifact:
         """The `precision` variant of the float export; ConversionError if it cannot be made."""

@@ -45,6 +45,9 @@ class ModuleKind(ModelKind):
         self.calib: list[dict[str, np.ndarray]] | None = None
         self.notes = list(m.notes)
         self.torch_ms: float | None = None
+        self.float_art: Artifact | None = None
+        # id(model bytes) -> (bytes, outputs per sample): targets that share a variant and runtime run it once
+        self._xnnpack: dict[int, tuple[bytes, list]] = {}
 
     @staticmethod
     def detect(path: Path) -> bool:
@@ -89,13 +92,16 @@ class ModuleKind(ModelKind):
 
     def export_float(self, work: Path, say: Progress) -> Artifact:
         say("export: torch -> float32 .tflite (litert-torch, traced once)")
-        art = Artifact(model=export_float(self.m, work / "float.tflite"))
+        art = self.float_art = Artifact(model=export_float(self.m, work / "float.tflite"))
         self.notes += _dtype_notes(self.m, inspect_model(art.model))
         return art
 
+    def candidates(self, profile: TargetProfile) -> list[str]:
+        return list(profile.precisions) or [profile.precision]
+
     def prepare(self, profiles: list[TargetProfile], float_model: Artifact, rng: np.random.Generator) -> list[str]:
         warnings = []
-        if any(self.precision(p) == "static_int8" for p in profiles):
+        if any("static_int8" in self.candidates(p) for p in profiles):
             if self.calib_data is None:
                 warnings.append("WARNING: static int8 was calibrated on random-normal inputs (no --calib given); "
                                 "pass --calib FILE.npz with real inputs or int8 accuracy on real data may be far worse")
@@ -114,14 +120,16 @@ class ModuleKind(ModelKind):
         say(f"{prof.name}: parity on {prof.runtime} over {len(self.samples)} samples")
         model, samples, ref, names = art.model, self.samples, self.ref, self.output_names
         got_ref = None
+        is_float = self.float_art is not None and model is self.float_art.model
         if prof.runtime == "tflite-micro":
             got = run_micro(model, info, samples, prof.max_arena_bytes or 64 * 1024 * 1024)
         else:
-            got = [LitertRunner(model, info).run(s) for s in samples]
-            # Reference kernels are naive loops (seconds per sample on convs): a few samples tell
-            # kernel noise from conversion error.
-            refk = LitertRunner(model, info, reference=True)
-            got_ref = [refk.run(s) for s in samples[:REFERENCE_SAMPLES]]
+            got = self._run_xnnpack(model, info)
+            if is_float:
+                # Reference kernels are naive loops (seconds per sample on convs): a few samples tell
+                # kernel noise from conversion error. Variants are judged against the float artifact instead.
+                refk = LitertRunner(model, info, reference=True)
+                got_ref = [refk.run(s) for s in samples[:REFERENCE_SAMPLES]]
         outputs = self._compare(prof, o, ref, got)
         v = parity.verdict(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
         passed = v["passed"]
@@ -139,6 +147,12 @@ class ModuleKind(ModelKind):
                 warnings.append(f"browser parity skipped: {browser['skipped']}")
         first = outputs[names[0]]
         res.update({k: first[k] for k in ("max_abs", "rmse", "cosine", "cosine_mean", "snr_db", "top1") if k in first})
+        if not is_float and self.float_art is not None:
+            # the variant against the float32 artifact: precision loss, separated from conversion error
+            float_got = self._run_xnnpack(self.float_art.model, inspect_model(self.float_art.model))
+            vs = self._compare(prof, o, [[np.asarray(y, np.float32) for y in row] for row in float_got], got)
+            res["vs_float"] = {k: min(m[k] for m in vs.values()) for k in ("cosine", "cosine_mean")}
+            res["vs_float"]["max_abs"] = max(m["max_abs"] for m in vs.values())
         if got_ref is not None:
             res["kernel_noise"] = {"max_abs_xnnpack_vs_reference": float(max(
                 np.abs(np.asarray(a, np.float64) - b).max() for g, gr in zip(got, got_ref) for a, b in zip(g, gr)))}
@@ -146,8 +160,15 @@ class ModuleKind(ModelKind):
                 ok_ref, _ = parity.judge(self._compare(prof, o, ref[:len(got_ref)], got_ref), prof,
                                          atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
                 res["diagnosis"] = ("XNNPACK kernel noise: the reference kernels pass" if ok_ref else
-                                    "conversion error: the reference kernels fail too")
+                                    "conversion error: the float32 export departs from PyTorch on the reference kernels too")
         return Parity(figures=res, warnings=warnings, runtime=runtime)
+
+    def _run_xnnpack(self, model: bytes, info: ModelInfo) -> list:
+        hit = self._xnnpack.get(id(model))
+        if hit is None or hit[0] is not model:
+            runner = LitertRunner(model, info)
+            hit = self._xnnpack[id(model)] = (model, [runner.run(s) for s in self.samples])
+        return hit[1]
 
     def _compare(self, prof: TargetProfile, o: ConvertOptions, ref, got) -> dict[str, dict]:
         return {name: parity.compare([s[k] for s in ref], [g[k] for g in got], classifier=self.class_scores(k),

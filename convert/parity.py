@@ -12,7 +12,7 @@ import torch
 
 from tpu_pipeline.convert.runtimes import LitertRunner
 from tpu_pipeline.convert.targets import TargetProfile
-from tpu_pipeline.convert.tflite_info import ModelInfo, op_module
+from tpu_pipeline.convert.tflite_info import ModelInfo, module_path, op_module
 
 EPS = 1e-12  # localization's relative layer error only (parity metrics handle zero norms explicitly)
 TIE_FACTOR = 2.0  # a flip is a near-tie when the two logits differ by less than 2x the variant's error
@@ -146,7 +146,43 @@ def tolerances(profile: TargetProfile, atol=None, rtol=None, min_cosine=None) ->
             "elementwise": bool(profile.check_abs or atol is not None or rtol is not None)}
 
 
+def _stack_path(path: str) -> str:
+    """nn_module_stack paths as module paths: "L['self'].blocks.3" / "L__self___blocks_3" styles
+    come from older torch.export; this torch writes "blocks.3"."""
+    for prefix in ("L['self'].", "L['self']"):
+        if path.startswith(prefix):
+            return path[len(prefix):]
+    return path
+
+
+def _graph_activations(gm: torch.fx.GraphModule, args) -> dict[str, np.ndarray]:
+    """Module outputs of an exported program's graph (ep.module()): its submodules never run as
+    modules (forward hooks see nothing), but each node records the module stack it was traced
+    in (`nn_module_stack`). A module's output is the last node computed inside it."""
+    acts: dict[str, np.ndarray] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            stack = n.meta.get("nn_module_stack") if n.op == "call_function" else None
+            if stack and isinstance(out, torch.Tensor) and out.is_floating_point():
+                for path, _type in stack.values():
+                    if _stack_path(path):
+                        acts[_stack_path(path)] = out.detach().float().numpy()
+            return out
+
+    with torch.no_grad():
+        Recorder(gm).run(*args)
+    return acts
+
+
 def _torch_activations(module: torch.nn.Module, args) -> dict[str, np.ndarray]:
+    if isinstance(module, torch.fx.GraphModule) and any(
+            n.meta.get("nn_module_stack") for n in module.graph.nodes):
+        try:
+            return _graph_activations(module, args)
+        except Exception:  # noqa: BLE001 - graphs the plain interpreter cannot run fall back to hooks
+            pass
     acts: dict[str, np.ndarray] = {}
     hooks = []
     for name, sub in module.named_modules():
@@ -197,6 +233,18 @@ def _fused_variants(ref: np.ndarray):
     yield np.clip(ref, 0, 6)
 
 
+def _fused_modules(info: ModelInfo, op: dict, path: str) -> list[str]:
+    """The other PyTorch modules one LiteRT op computes (conv + BatchNorm + ReLU6 fused: the
+    output tensor's name lists each location, separated by ';')."""
+    found: list[str] = []
+    for idx in op["outputs"]:
+        for segment in info.tensors.get(idx, {}).get("name", "").split(";"):
+            p = module_path(segment)
+            if p and p != path and p not in found:
+                found.append(p)
+    return found
+
+
 def _layer_errors(module, sample, model, info) -> list[dict]:
     args = [torch.from_numpy(np.asarray(x)) for x in sample]
     acts = _torch_activations(module, args)
@@ -223,7 +271,11 @@ def _layer_errors(module, sample, model, info) -> list[dict]:
         if aligned is None:
             continue
         rel = min(float(np.linalg.norm(aligned - r) / (np.linalg.norm(r) + EPS)) for r in _fused_variants(ref))
-        layers.append({"module": path, "op": op["op"], "op_index": op["index"], "rel_err": rel})
+        row = {"module": path, "op": op["op"], "op_index": op["index"], "rel_err": rel}
+        fused = _fused_modules(info, op, path)
+        if fused:
+            row["fused_with"] = ", ".join(fused)
+        layers.append(row)
     return layers
 
 

@@ -30,7 +30,7 @@ from tpu_pipeline.convert.loaders import load_object
 from tpu_pipeline.convert.module_kind import ModuleKind
 from tpu_pipeline.convert.options import FLAGS, ConvertOptions
 from tpu_pipeline.convert.report import render_html
-from tpu_pipeline.convert.result import Artifact, ConvertResult, TargetResult
+from tpu_pipeline.convert.result import Artifact, ConvertResult, Parity, TargetResult
 from tpu_pipeline.convert.snippets import write_snippet
 from tpu_pipeline.convert.targets import TargetProfile, load_profiles, resolve_targets
 from tpu_pipeline.convert.tflite_info import inspect_model
@@ -128,10 +128,13 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
         float_model = loaded.export_float(work, say)
         export_s = time.perf_counter() - t_exp
         warnings = loaded.prepare(wanted, float_model, rng)
-        variants: dict[str, Artifact] = {}
-        results = [_target(prof, loaded, float_model, variants, o, work / prof.name, say) for prof in wanted]
+        run = _Run(model=loaded, float_model=float_model, o=o, work=work, say=say)
+        gate_prof = _gate_profile(wanted, load_profiles(o.profile_dir))
+        gate = _float_gate(run, gate_prof)
+        results = [_target(prof, run, gate) for prof in wanted]
         report = {"model": label, "kind": kind.name, **loaded.report_fields(), "warnings": warnings,
-                  "export_s": export_s, "versions": _versions(), "targets": {}, "skipped_targets": skipped}
+                  "export_s": export_s, "versions": _versions(), "float_export": _gate_json(gate_prof, gate),
+                  "targets": {}, "skipped_targets": skipped}
         say("write: artifacts, model.json, report.json, report.html")
         by_name = {p.name: p for p in wanted}
         for r in results:
@@ -152,47 +155,191 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
 _PATH_ONLY = ("input_shapes", "model_class", "model_kwargs", "trust_pickle")
 
 
-def _target(prof: TargetProfile, model: ModelKind, float_model: Artifact, variants: dict[str, Artifact],
-            o: ConvertOptions, work: Path, say: Progress) -> TargetResult:
-    precision = model.precision(prof)
+@dataclasses.dataclass
+class _Run:
+    """One conversion's shared state: each variant is made once, each (profile, precision)
+    judged once and each precision timed once, however many targets ask for it."""
+
+    model: ModelKind
+    float_model: Artifact
+    o: ConvertOptions
+    work: Path
+    say: Progress
+    variants: dict[str, Artifact] = dataclasses.field(default_factory=dict)
+    parities: dict[tuple[str, bool, str], Parity] = dataclasses.field(default_factory=dict)
+    latencies: dict[str, dict] = dataclasses.field(default_factory=dict)
+
+    def variant(self, precision: str, clock: _Clock) -> Artifact:
+        if precision not in self.variants:
+            if precision != "float32":
+                self.say(f"quantize ({precision}, ai-edge-quantizer)")
+            with clock("quantize"):
+                self.variants[precision] = self.model.variant(self.float_model, precision)
+        return self.variants[precision]
+
+    def parity(self, prof: TargetProfile, precision: str, art: Artifact, info, clock: _Clock) -> Parity:
+        key = (prof.name, prof.browser_parity, precision)
+        if key not in self.parities:
+            with clock("parity"):
+                self.parities[key] = self.model.parity(prof, art, info, self.o, self.work / prof.name / precision,
+                                                       self.say)
+        return self.parities[key]
+
+    def latency(self, precision: str, art: Artifact, info, clock: _Clock) -> dict:
+        if precision not in self.latencies:
+            self.say(f"latency of the {precision} artifact on ai-edge-litert")
+            with clock("latency"):
+                self.latencies[precision] = self.model.latency(art, info, self.work)
+        return self.latencies[precision]
+
+
+def _gate_profile(wanted: list[TargetProfile], profiles) -> TargetProfile | None:
+    """The profile the float32 export is judged by before any variant ships: desktop's (the
+    float32 target), whether or not desktop was asked for."""
+    for p in wanted:
+        if p.name == "desktop":
+            return p
+    return profiles.get("desktop") if "desktop" in profiles.names() else None
+
+
+def _float_gate(run: _Run, prof: TargetProfile | None) -> Parity | None:
+    """Parity of the one float32 export against PyTorch: every variant derives from it, so if it
+    fails, the converter (not precision) is wrong and every target fails as a conversion error."""
+    if prof is None:
+        return None
+    run.say(f"float32 export: parity on {prof.runtime} (every target derives from it)")
+    clock = _Clock({})
+    art = run.variant("float32", clock)
+    try:
+        return run.parity(prof, "float32", art, inspect_model(art.model), clock)
+    except ConversionError:
+        return None  # the float artifact does not run at all; each target reports it below
+
+
+def _gate_json(prof: TargetProfile | None, gate: Parity | None) -> dict | None:
+    if gate is None:
+        return None
+    keep = ("passed", "reasons", "decided_by", "cosine", "max_abs", "diagnosis", "first_divergence")
+    return {"judged_as": prof.name, **{k: gate.figures[k] for k in keep if k in gate.figures}}
+
+
+def _target(prof: TargetProfile, run: _Run, gate: Parity | None) -> TargetResult:
+    """Every candidate precision the profile allows, then the winner: passes parity and the
+    target's checks (size budget, ops, arena) first, then the lowest latency (a candidate
+    must be PREFER_MARGIN faster to beat one listed before it)."""
+    if gate is not None and not gate.passed:
+        return _gated(prof, run, gate)
+    precisions = run.model.candidates(prof)
+    # The browser run (Chromium) is the slow part of web parity: candidates are ranked on
+    # XNNPACK first, and only the ranked winner must also pass in the browser.
+    quick = dataclasses.replace(prof, browser_parity=False) if prof.browser_parity and len(precisions) > 1 else prof
+    tries = [_attempt(quick, precision, run) for precision in precisions]
+    winner, why = _choose(tries)
+    while quick is not prof and winner.passed:
+        full = _attempt(prof, winner.quantization, run)
+        tries[tries.index(winner)] = full
+        if full.passed:
+            winner = full
+            break
+        winner, why = _choose(tries)
+    if len(tries) > 1:
+        winner.candidates = [{"precision": t.quantization, "passed": t.passed, "size_bytes": t.size_bytes,
+                              "latency_ms": (t.latency_ms or {}).get("artifact"), "failure": t.failure,
+                              "cosine": (t.parity or {}).get("cosine"), "errors": t.errors[:1],
+                              "chosen": t is winner} for t in tries]
+        winner.chosen_because = why
+        run.say(f"{prof.name}: {winner.quantization} ({why})")
+    if not winner.passed and winner.failure == "parity":
+        _diagnose(winner, run)
+    return winner
+
+
+PREFER_MARGIN = 0.10  # latency noise on shared cores: a later-listed precision must be 10% faster to win
+
+
+def _choose(tries: list[TargetResult]) -> tuple[TargetResult, str]:
+    ok = [t for t in tries if t.passed]
+    if not ok:
+        return tries[0], "no candidate passed; the profile's first precision is reported"
+    best = ok[0]
+    for t in ok[1:]:
+        if t.latency is not None and best.latency is not None and t.latency < best.latency * (1 - PREFER_MARGIN):
+            best = t
+    others = [t for t in tries if t is not best]
+    if not others:
+        return best, "the only candidate"
+    parts = []
+    for t in others:
+        if not t.passed:
+            parts.append(f"{t.quantization} failed {t.failure}")
+        elif t.latency is None or best.latency is None:
+            parts.append(f"{t.quantization} passed too; listed later (no latency measured)")
+        elif t.latency < best.latency:
+            parts.append(f"{t.quantization} passed too and is {1 - t.latency / best.latency:.0%} faster "
+                         f"({t.latency:.3g} vs {best.latency:.3g} ms), under the {PREFER_MARGIN:.0%} needed to beat "
+                         "a precision listed before it")
+        else:
+            parts.append(f"{t.quantization} passed too but is slower ({t.latency:.3g} vs {best.latency:.3g} ms)")
+    return best, "passed parity and the target's checks; " + "; ".join(parts)
+
+
+def _gated(prof: TargetProfile, run: _Run, gate: Parity) -> TargetResult:
+    msg = (f"conversion error: the float32 export does not match PyTorch ({gate.reasons[0] if gate.reasons else 'parity failed'}); "
+           "every target derives from it")
+    precision = run.model.candidates(prof)[0]
+    if (prof.name, prof.browser_parity, "float32") in run.parities and precision == "float32":
+        r = _attempt(prof, "float32", run)  # the gate's own target: its artifact and figures go under failed/
+        r.errors.insert(0, msg)
+        _diagnose(r, run)
+        return r
+    r = TargetResult(target=prof.name, quantization=precision, runtime=prof.runtime_note)
+    return r.fail("parity", msg)
+
+
+def _attempt(prof: TargetProfile, precision: str, run: _Run) -> TargetResult:
+    """One candidate precision on one target: variant, checks, parity, latency."""
     r = TargetResult(target=prof.name, quantization=precision, runtime=prof.runtime_note)
     clock = _Clock(r.timings_s)
     try:
-        if precision not in variants:
-            if precision != "float32":
-                say(f"{prof.name}: quantize ({precision}, ai-edge-quantizer)")
-            with clock("quantize"):
-                variants[precision] = model.variant(float_model, precision)
-        art = r.artifact = variants[precision]
+        art = r.artifact = run.variant(precision, clock)
         r.info, r.size_bytes = inspect_model(art.model), len(art.model)
-        say(f"{prof.name}: compatibility checks")
+        run.say(f"{prof.name}: compatibility checks ({precision})")
         with clock("checks"):
             comp = checks.check(prof, art.model, r.info)
         r.compatibility = comp.to_json()
         r.warnings += comp.warnings
         if not comp.passed:
             return r.fail("compatibility", *comp.violations)
-        with clock("parity"):
-            par = model.parity(prof, art, r.info, o, work, say)
-        r.parity, r.passed = par.figures, par.passed
+        par = run.parity(prof, precision, art, r.info, clock)
+        r.parity, r.passed = dict(par.figures), par.passed
         r.warnings += par.warnings
         r.runtime = par.runtime or r.runtime
         if not r.passed:
             r.fail("parity", *par.reasons)
-        if not r.passed and model.localizes:
-            say(f"{prof.name}: parity failed; localizing the first diverging layer")
-            with clock("localize"):
-                loc = model.explain_failure(art, r.info)
-            if loc:
-                r.parity["first_divergence"] = loc
-                r.errors.append(f"first diverging layer: {loc['module']} ({loc['op']}, relative error {loc['rel_err']:.3g})")
-        if o.latency:
-            say(f"{prof.name}: latency on ai-edge-litert")
-            with clock("latency"):
-                r.latency_ms = model.latency(art, r.info, work)
+        if run.o.latency:
+            r.latency_ms = run.latency(precision, art, r.info, clock)
     except ConversionError as e:
         r.fail("conversion", str(e))
     return r
+
+
+def _diagnose(r: TargetResult, run: _Run) -> None:
+    """Conversion error or precision loss, and the first diverging layer, for a failed target."""
+    p = r.parity or {}
+    if r.quantization != "float32" and "vs_float" in p:
+        vf = p["vs_float"]
+        p["diagnosis"] = (f"precision loss ({r.quantization}): the float32 export matches PyTorch; this variant departs "
+                          f"from it (cosine {vf['cosine']:.6f}, max_abs {vf['max_abs']:.3g} vs the float32 artifact)")
+        r.errors.append(p["diagnosis"])
+    if run.model.localizes and r.artifact is not None:
+        run.say(f"{r.target}: parity failed; localizing the first diverging layer")
+        with _Clock(r.timings_s)("localize"):
+            loc = run.model.explain_failure(r.artifact, r.info)
+        if loc:
+            p["first_divergence"] = loc
+            fused = f" fused with {loc['fused_with']}" if loc.get("fused_with") else ""
+            r.errors.append(f"first diverging layer: {loc['module']} ({loc['op']}{fused}, relative error "
+                            f"{loc['rel_err']:.3g})")
 
 
 def _write_target(prof: TargetProfile, r: TargetResult, model: ModelKind, stage: Path, out: Path,

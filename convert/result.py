@@ -58,6 +58,8 @@ class TargetResult:
     sha256: str | None = None
     app_snippet: str | None = None
     firmware: dict | None = None
+    candidates: list[dict] | None = None  # every precision measured for this target (when more than one)
+    chosen_because: str | None = None    # why this precision won
     artifact: Artifact | None = None     # the bytes written to the target folder
     info: ModelInfo | None = None
 
@@ -98,7 +100,8 @@ class TargetResult:
              "errors": self.errors, "warnings": self.warnings, "size_bytes": self.size_bytes, "parity": self.parity,
              "latency_ms": self.latency_ms, "timings_s": self.timings_s}
         optional = {"compatibility": self.compatibility, "failure": self.failure, "artifact": self.artifact_path,
-                    "sha256": self.sha256, "app_snippet": self.app_snippet, "firmware": self.firmware}
+                    "sha256": self.sha256, "app_snippet": self.app_snippet, "firmware": self.firmware,
+                    "candidates": self.candidates, "chosen_because": self.chosen_because}
         d.update({k: v for k, v in optional.items() if v is not None})
         return d
 

@@ -24,6 +24,7 @@ Precision = Literal["float32", "float16", "dynamic_int8", "static_int8"]
 class TargetProfile:
     description: str
     precision: Precision
+    precisions: list[Precision] = dataclasses.field(default_factory=list)  # measured candidates, preferred first ([] = precision)
     runtime: Literal["ai-edge-litert", "tflite-micro"]
     runtime_note: str
     delegate: Literal["gpu", "coreml", "none"]

@@ -4,6 +4,7 @@ inputs, an ExportedProgram or a path, and returns a typed ConvertResult."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,3 +81,44 @@ def test_bad_api_input_is_one_line_user_error(tmp_path):
     with pytest.raises(UserError, match="not int"):
         tc.convert(3)
     assert not (tmp_path / "d").exists()
+
+
+class _TinyWeights(torch.nn.Module):
+    """Weights near 1e-9: float16 flushes them to zero, int8 (per-channel scales) keeps them."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(16, 4)
+        with torch.no_grad():
+            self.fc.weight.mul_(1e-8)
+            self.fc.bias.zero_()
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_precision_chosen_by_measurement_and_precision_loss_diagnosed(tmp_path):
+    net, x = _TinyWeights().eval(), (torch.randn(1, 16),)
+    result = tc.convert(net, x, targets="desktop,android", out=tmp_path / "a", samples=4)
+    android = result["android"]
+    assert result.passed and android.precision == "dynamic_int8", android.chosen_because
+    cands = {c["precision"]: c for c in android.candidates}
+    assert not cands["float16"]["passed"] and cands["float16"]["failure"] == "parity"
+    assert cands["dynamic_int8"]["chosen"] and "float16 failed parity" in android.chosen_because
+    # with float16 the only precision allowed, the target fails as precision loss, not conversion error
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for f in (Path(tc.__file__).parent / "targets").glob("*.toml"):
+        text = f.read_text()
+        if f.stem == "android":
+            text = text.replace('precisions = ["float16", "dynamic_int8"]', 'precisions = ["float16"]')
+        (profiles / f.name).write_text(text)
+    result = tc.convert(net, x, targets="android", out=tmp_path / "b", samples=4, latency=False,
+                        profile_dir=profiles)
+    android = result["android"]
+    assert result.exit_code == 4 and android.failure == "parity" and android.candidates is None
+    assert result.report["float_export"]["passed"] is True  # judged as desktop, though not asked for
+    diag = android.metrics["diagnosis"]
+    assert diag.startswith("precision loss (float16): the float32 export matches PyTorch")
+    assert android.metrics["vs_float"]["cosine"] < 0.5 and diag in android.reasons

@@ -122,3 +122,23 @@ def test_passing_verdict_names_the_criteria():
     ref, got = _outputs(1.0, 1e-8)
     v = verdict({"y": compare(ref, got, classifier=True, atol=1e-4, rtol=1e-3)}, DESKTOP)
     assert v["passed"] and v["decided_by"] == ["all criteria passed: cosine, elementwise, top1"]
+
+
+def test_exit_code_is_the_worst_kind_and_each_target_says_its_own():
+    from pathlib import Path
+
+    from tpu_pipeline.cli.convert import _status
+    from tpu_pipeline.convert.result import ConvertResult, TargetResult
+
+    ok = TargetResult(target="desktop", quantization="float32", runtime="x", passed=True)
+    size = TargetResult(target="iot", quantization="static_int8", runtime="x").fail("compatibility", "too big")
+    wrong = TargetResult(target="android", quantization="float16", runtime="x").fail("parity", "cosine")
+    res = lambda *ts: ConvertResult(model="m", kind="module", out=Path("d"), targets={t.target: t for t in ts},  # noqa: E731
+                                    report={})
+    assert res(ok).exit_code == 0 and res(ok).error() is None
+    assert res(ok, size).exit_code == 3
+    assert res(size, wrong).exit_code == res(wrong, size).exit_code == 4  # a size refusal never hides wrong numbers
+    assert [t.exit_code for t in (ok, size, wrong)] == [0, 3, 4]
+    assert [_status(t.to_json()) for t in (ok, size, wrong)] == ["ok", "FAIL 3", "FAIL 4"]
+    err = res(size, wrong).error()
+    assert err.exit_code == 4 and "iot: too big" in str(err) and "android: cosine" in str(err)

@@ -51,8 +51,18 @@ def test_precisions_and_runtimes_per_target(cnn):
     _, out = cnn
     report = json.loads((out / "report.json").read_text())
     t = report["targets"]
-    assert {n: t[n]["quantization"] for n in t} == {
-        "android": "float16", "ios": "float16", "desktop": "float32", "web": "dynamic_int8", "iot": "static_int8"}
+    assert {n: t[n]["quantization"] for n in ("desktop", "iot")} == {"desktop": "float32", "iot": "static_int8"}
+    for name in ("android", "ios", "web"):  # measured candidates: passes, then fits, then fastest
+        cands = {c["precision"]: c for c in t[name]["candidates"]}
+        assert set(cands) == {"float16", "dynamic_int8"}, name
+        chosen, other = cands.pop(t[name]["quantization"]), next(iter(cands.values()))
+        assert chosen["chosen"] and chosen["passed"] and not other["chosen"]
+        assert chosen["size_bytes"] > 0 and other["size_bytes"] > 0 and other["latency_ms"] > 0
+        if other["passed"] and chosen["precision"] == "float16":  # the preferred one keeps ties
+            assert other["latency_ms"] >= 0.9 * chosen["latency_ms"], (name, t[name]["chosen_because"])
+        elif other["passed"]:
+            assert chosen["latency_ms"] < 0.9 * other["latency_ms"], (name, t[name]["chosen_because"])
+        assert other["precision"] in t[name]["chosen_because"]
     assert t["iot"]["parity"]["runtime"] == "tflite-micro"
     browser = t["web"]["parity"]["browser"]
     if "skipped" in browser:  # no Chromium here: the report says so instead of passing silently

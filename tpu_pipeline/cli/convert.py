@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
@@ -73,13 +72,23 @@ def _print_table(report: dict) -> None:
         p = t.get("parity") or {}
         lat = t.get("latency_ms") or {}
         top1 = f"{p['top1']:.2f}" if "top1" in p else "-"
-        click.echo(f"{name:<8} {'ok' if t['passed'] else 'FAIL':<6} {t['quantization']:<13} {t['size_bytes'] or 0:>9} "
+        click.echo(f"{name:<8} {_status(t):<6} {t['quantization']:<13} {t['size_bytes'] or 0:>9} "
                    f"{p.get('cosine', float('nan')):>10.6f} {p.get('cosine_mean', float('nan')):>10.6f} "
                    f"{p.get('max_abs', float('nan')):>9.3g} {top1:>5} "
                    f"{lat.get('artifact') or float('nan'):>7.3f} {lat.get('torch_eager') or float('nan'):>8.3f}")
+    for name, t in report["targets"].items():
+        if t.get("chosen_because"):
+            click.echo(f"{name}: {t['quantization']}: {t['chosen_because']}")
+        if not t["passed"]:
+            click.echo(f"{name}: {_status(t)} ({t.get('failure')}): " + " | ".join(t["errors"][:3]))
     for w in report.get("warnings", []):
         click.echo(w, err=True)
     click.echo(f"wrote {report['out']}/ (report.html, report.json)")
+
+
+def _status(t: dict) -> str:
+    """ok, or FAIL and the target's own exit code (4: wrong numbers, 3: no usable artifact)."""
+    return "ok" if t["passed"] else f"FAIL {4 if t.get('failure') == 'parity' else 3}"
 
 
 def _print_lm_table(report: dict) -> None:
