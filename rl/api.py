@@ -109,7 +109,7 @@ def _policy_and_optimizer(cfg: RLConfig, platform, log):
     adapted = None
     if lora:
         adapted = add_lora(model, rank=cfg.policy.lora_rank, alpha=cfg.policy.lora_alpha,
-                           target_modules=cfg.policy.lora_target_modules)
+                           target_modules=cfg.policy.lora_target_modules, seed=cfg.trainer.seed)
         model = adapted.model
         info["lora_trainable_parameters"] = adapted.trainable_parameters()
     opt, carried = build_optimizer(model, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
@@ -171,7 +171,7 @@ def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool,
         # LoRA: the reference is the policy with its adapters off (no second copy of the weights).
         ref = AdaptersOff(lora) if lora else make_reference(model)
     eng = Engine(cfg=cfg, model=model, tokenizer=tok, optimizer=opt, source=source, reward=guard, out=out,
-                 device=platform.device, hooks=list(hooks), ref_model=ref)
+                 device=platform.device, hooks=list(hooks), ref_model=ref, checkpoint_trainable_only=lora is not None)
     before_path = out / "eval_before.json"
     if state is not None:
         before = json.loads(before_path.read_text())

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from tpu_pipeline.checkpoint import Checkpointer
+from tpu_pipeline.errors import UserError
 from tpu_pipeline.files import atomic_write_json
 from tpu_pipeline.metrics import MetricsWriter
 from tpu_pipeline.rl import algo, dapo
@@ -72,6 +73,9 @@ class Engine:
     device: object
     hooks: list[Hook] = field(default_factory=list)
     ref_model: object = None
+    # LoRA: checkpoints hold only the trainable (adapter) weights; the frozen base is the
+    # --policy folder the resumed run loads again (the fingerprint pins its path).
+    checkpoint_trainable_only: bool = False
     step: int = 0
     elapsed: float = 0.0
     nan_streak: int = 0
@@ -317,14 +321,25 @@ class Engine:
 
     def save_checkpoint(self) -> Path:
         path = self.checkpointer.save(self.step, config=fingerprint(self.cfg), state={
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "model": self._model_state(), "optimizer": self.optimizer.state_dict(),
             "trainer": {"elapsed": self.elapsed, "nan_streak": self.nan_streak, "totals": self.totals}})
         self.last_saved = self.step
         return path
 
+    def _model_state(self) -> dict:
+        sd = self.model.state_dict()
+        if not self.checkpoint_trainable_only:
+            return sd
+        keep = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        return {k: v for k, v in sd.items() if k in keep}
+
     def restore(self, state: dict) -> None:
         """Continues from a checkpoint `Checkpointer.load` returned (already checked)."""
-        self.model.load_state_dict(state["model"])
+        missing, _ = self.model.load_state_dict(state["model"], strict=not self.checkpoint_trainable_only)
+        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        if trainable & set(missing):
+            raise UserError(f"{self.checkpointer.dir}: the checkpoint lacks trainable weights "
+                            f"(e.g. {sorted(trainable & set(missing))[0]}); {RESUME_HINT}")
         self.optimizer.load_state_dict(state["optimizer"])
         t = state["trainer"]
         self.step, self.elapsed = int(state["step"]), float(t["elapsed"])

@@ -45,8 +45,11 @@ class Lora:
         return self.peft_model.merge_and_unload()
 
 
-def add_lora(model, *, rank: int, alpha: float = 0.0, target_modules: str = "all-linear") -> Lora:
-    """Injects LoRA adapters into `model` (in place) and freezes everything else."""
+def add_lora(model, *, rank: int, alpha: float = 0.0, target_modules: str = "all-linear", seed: int = 0) -> Lora:
+    """Injects LoRA adapters into `model` (in place) and freezes everything else.
+
+    lora_A's random init is drawn from `seed` (a forked RNG), so a run is reproducible
+    from its recipe and seed like a full-weight run."""
     # heavy: peft imports accelerate and bitsandbytes hooks (seconds); only LoRA runs need it
     from peft import LoraConfig, get_peft_model
 
@@ -57,7 +60,10 @@ def add_lora(model, *, rank: int, alpha: float = 0.0, target_modules: str = "all
     cfg = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, lora_dropout=0.0, target_modules=targets,
                      bias="none", task_type="CAUSAL_LM")
     try:
-        peft_model = get_peft_model(model, cfg)
+        dev = next(model.parameters()).device
+        with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else []):
+            torch.manual_seed(seed)
+            peft_model = get_peft_model(model, cfg)
     except ValueError as e:  # peft: no module matched target_modules
         raise UserError(f"policy.lora_target_modules {target_modules!r}: {str(e).splitlines()[0]}") from None
     return Lora(peft_model)

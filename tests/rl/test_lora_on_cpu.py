@@ -116,3 +116,31 @@ def test_bad_lora_settings_are_user_errors(tiny_policy):
     model, _ = load_policy(tiny_policy)
     with pytest.raises(UserError, match="lora_target_modules 'nope_proj'"):
         add_lora(model, rank=4, target_modules="nope_proj")
+
+
+def test_lora_checkpoints_hold_adapters_only_and_resume_exactly(tmp_path, tiny_policy, test_rewards):
+    from safetensors.torch import load_file
+
+    from tpu_pipeline.rl import run
+
+    ov = {**SMALL, "trainer.save_every": 1, "trainer.eval_k": 0, "optim.lr": 1e-2, "optim.warmup_steps": 0}
+
+    def go(out, steps, resume=False):
+        return run("grpo_math", out, policy=str(tiny_policy), steps=steps, lora_rank=4, resume=resume,
+                   reward="rewards_for_tests:starts_with_hash", overrides=ov, progress=False, log=lambda m: None)
+
+    go(tmp_path / "full", 3)
+    go(tmp_path / "cut", 2)
+    ckpt = torch.load(tmp_path / "cut" / "checkpoints" / "step_000002.pt", map_location="cpu", weights_only=False)
+    keys = list(ckpt["model"])
+    assert keys and all(".lora_A." in k or ".lora_B." in k for k in keys), keys[:5]
+    go(tmp_path / "cut", 3, resume=True)
+
+    def rows(out):
+        return [{k: v for k, v in json.loads(x).items() if "seconds" not in k}
+                for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+    assert rows(tmp_path / "cut") == rows(tmp_path / "full")
+    wa = load_file(tmp_path / "full" / "policy" / "model.safetensors")
+    wb = load_file(tmp_path / "cut" / "policy" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
