@@ -13,6 +13,13 @@ code, with newer types added). It is aliased under the TensorFlow name only whil
 that one extension is imported, after everything else that probes for TensorFlow
 has been imported, and removed again before the export runs.
 
+One API gap is filled here too: litert-torch 0.10's LiteRTLMCache calls
+`Cache.get_max_length()` for sliding-window layers (Mistral's sliding_window,
+Gemma 2/3), which transformers 5.10 (the newest verl 0.9.1 allows) no longer
+has; the export failed with AttributeError. Its own cache layers have the
+method, so the cache answers with the longest of its layers, only when the
+method is missing.
+
 Usage: python _litertlm_worker.py HF_DIR OUT_DIR CACHE_LENGTH PREFILL_LENGTH
 Writes OUT_DIR/model.litertlm (float32 weights; variants are derived by the parent).
 """
@@ -47,7 +54,11 @@ def import_export_hf():
             for name in (*_TF_PACKAGES, _TF_SCHEMA):
                 del sys.modules[name]
     from litert_torch.generative.export_hf import export
+    from litert_torch.generative.export_hf.core import cache_base
 
+    if not hasattr(cache_base.LiteRTLMCacheMixin, "get_max_length"):
+        cache_base.LiteRTLMCacheMixin.get_max_length = lambda self: max(
+            layer.get_max_length() for layer in self.layers)
     return export
 
 

@@ -50,13 +50,16 @@ SUPPORTED = {
     "llama": "Llama (grouped-query, multi-query and full attention; tied embeddings as in SmolLM)",
     "qwen2": "Qwen2",
     "qwen3": "Qwen3 (q/k norms)",
-    "mistral": "Mistral",
+    "mistral": "Mistral (with or without sliding_window)",
     "gemma": "Gemma (scaled embeddings, 1+w norm)",
+    "gemma2": "Gemma 2 (logit soft-capping, alternating sliding-window layers)",
+    "gemma3_text": "Gemma 3 text (q/k norms, alternating sliding-window layers)",
     "phi3": "Phi-3",
 }
 # model_type -> why it is refused (measured; see docs/BENCHMARKS.md).
 REFUSED = {
-    "gpt2": "GPT-2 (learned positions, LayerNorm) does not export with litert-torch 0.10's export_hf",
+    "gpt2": "GPT-2 is not supported: litert-torch 0.10's export_hf fails on it (GPT2Config has no "
+            "num_key_value_heads)",
 }
 
 
@@ -68,10 +71,6 @@ def check_family(config) -> None:
     if model_type not in SUPPORTED:
         raise UserError(f".litertlm bundles are built for model types {', '.join(SUPPORTED)}, "
                         f"not {model_type!r}")
-    window = getattr(config, "sliding_window", None)
-    if model_type == "mistral" and window and window < getattr(config, "max_position_embeddings", 0):
-        raise UserError(f".litertlm bundles: Mistral with sliding_window={window} is not supported "
-                        f"(litert-torch 0.10's export_hf fails on its sliding-window mask)")
 
 
 def export_bundle(hf_dir: Path, work: Path, *, cache_length: int, prefill_length: int) -> bytes:

@@ -1,8 +1,14 @@
 """The `causal-lm` model kind: a Hugging Face causal-LM folder (config.json,
-*.safetensors, tokenizer.json) becomes a decode-ready artifact per target
-(prefill + decode signatures, explicit KV cache, tokenizer beside it),
-proven by greedy generations that agree with PyTorch token for token, plus
-the usual metrics on each prompt's last prefill logits.
+*.safetensors, tokenizer.json) becomes, per target, a LiteRT-LM bundle
+(model.litertlm: what apps load with LiteRT-LM's Engine; litertlm.py) and,
+for the Llama family (Llama, Mistral, Qwen2), also this project's
+decode-ready artifact (model.tflite with prefill + decode signatures,
+explicit KV cache, lm.json and the tokenizer beside it; the web page and
+`generate --runtime reference` drive it). Each is proven by greedy
+generations that agree with PyTorch token for token on its own runtime
+(litert_lm; ai-edge-litert, plus the usual metrics on each prompt's last
+prefill logits). For other families the target's model.tflite is the
+bundle's own prefill/decode graph.
 
 Exported once in float32; each target's precision (its profile's
 lm_precision, else precision) is derived from that file with
@@ -17,12 +23,12 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from tpu_pipeline.convert import parity
+from tpu_pipeline.convert import litertlm, parity
 from tpu_pipeline.convert.browser import browser_unavailable, generate_litertjs
 from tpu_pipeline.convert.export import quiet_native
 from tpu_pipeline.convert.kinds import ModelKind, Progress
-from tpu_pipeline.convert.lm_export import (TOKENIZER_FILES, cache_lengths, eos_token_ids, generation_parity,
-                                            load_hf_causal_lm, write_decode_ready)
+from tpu_pipeline.convert.lm_export import (LLAMA_FAMILY, TOKENIZER_FILES, cache_lengths, eos_token_ids,
+                                            generation_parity, load_hf_causal_lm, write_decode_ready)
 from tpu_pipeline.convert.lm_runtime import META_FILE, LiteRTLanguageModel
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.options import ConvertOptions
@@ -55,6 +61,18 @@ def read_prompts(path: str | Path | None, tokenizer, n: int, vocab: int, max_pro
     return [rng.integers(0, vocab, k).tolist() for k in lengths], f"{n} random token sequences"
 
 
+def decode_ready_skipped(config) -> str | None:
+    """Why this project's decode-ready export is not built for `config` (None: it is)."""
+    if config.model_type not in LLAMA_FAMILY:
+        return f"the decode-ready export covers {', '.join(LLAMA_FAMILY)}, not {config.model_type}"
+    window = getattr(config, "sliding_window", None)
+    if window and window < config.max_position_embeddings:
+        return f"the decode-ready export ignores sliding_window={window}"
+    if (config.num_key_value_heads or config.num_attention_heads) == 1:
+        return "the decode-ready export converts one key/value head (multi-query attention) inexactly"
+    return None
+
+
 class CausalLMKind(ModelKind):
     name = "causal-lm"
     noun = "a causal LM"
@@ -67,9 +85,16 @@ class CausalLMKind(ModelKind):
     app_files = False  # snippets and firmware read a serving_default signature; this artifact has prefill/decode
 
     def __init__(self, path: Path, model: torch.nn.Module, prompts: list[list[int]], source: str, max_len: int,
-                 prefill_len: int):
+                 prefill_len: int, tokenizer: Tokenizer):
         self.path, self.model, self.prompts, self.sample_source = path, model, prompts, source
-        self.max_len, self.prefill_len = max_len, prefill_len
+        self.max_len, self.prefill_len, self.tokenizer = max_len, prefill_len, tokenizer
+        # The decode-ready export (and with it the browser page and the reference client) covers the Llama
+        # family, but not sliding-window attention (it attends over the whole cache) nor one kv head
+        # (issue 12: it converts multi-query attention inexactly). Those get the bundle only.
+        self.decode_ready_skipped = decode_ready_skipped(model.config)
+        self.decode_ready = self.decode_ready_skipped is None
+        # what an app sends: the prompts as text (litert_lm tokenizes with the bundle's tokenizer)
+        self.texts = [t for t in (tokenizer.decode(p, skip_special_tokens=True) for p in prompts) if t.strip()]
         self.meta: dict = {}
         self.torch_ms: float | None = None
 
@@ -87,13 +112,22 @@ class CausalLMKind(ModelKind):
     def load(cls, path: Path, o: ConvertOptions, rng: np.random.Generator, say: Progress) -> CausalLMKind:
         say("load: Hugging Face causal LM (safetensors; no code from the folder runs)")
         model = load_hf_causal_lm(path)
+        litertlm.check_family(model.config)
         max_len, prefill_len = cache_lengths(model.config, o.lm_max_len, o.lm_prefill_len)
+        positions = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+        if positions and max_len > positions:
+            raise UserError(f"--max-len {max_len} is over the model's {positions} positions (max_position_embeddings)")
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         prompts, source = read_prompts(o.prompts, tokenizer, o.samples, model.config.vocab_size,
                                        max_len - MAX_NEW_TOKENS, rng)
-        return cls(path, model, prompts, source, max_len, prefill_len)
+        return cls(path, model, prompts, source, max_len, prefill_len, tokenizer)
 
     def export_float(self, work: Path, say: Progress) -> Artifact:
+        say("export: float32 .litertlm bundle (litert-torch export_hf, child process)")
+        bundle = litertlm.export_bundle(self.path, work, cache_length=self.max_len, prefill_length=self.prefill_len)
+        if not self.decode_ready:
+            tokenizer = {n: (self.path / n).read_bytes() for n in TOKENIZER_FILES if (self.path / n).is_file()}
+            return Artifact(model=litertlm.bundle_tflite(bundle), extra_files={**tokenizer, litertlm.BUNDLE_FILE: bundle})
         say("export: decode-ready float32 .tflite (prefill + decode, KV cache), traced once")
         out = work / "float"
         try:
@@ -106,7 +140,7 @@ class CausalLMKind(ModelKind):
             raise ConversionError(f"litert-torch could not export the LM: {type(e).__name__}: "
                                   f"{str(e).splitlines()[0]}") from None
         extra = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != "model.tflite"}
-        return Artifact(model=(out / "model.tflite").read_bytes(), extra_files=extra)
+        return Artifact(model=(out / "model.tflite").read_bytes(), extra_files={**extra, litertlm.BUNDLE_FILE: bundle})
 
     def precision(self, profile: TargetProfile) -> str:
         return profile.lm_precision or profile.precision
@@ -115,8 +149,11 @@ class CausalLMKind(ModelKind):
         if precision == "static_int8":
             raise ConversionError("static int8 needs calibration of a KV-cache LM, which is not built; use a float "
                                   "or dynamic int8 profile")
-        return Artifact(model=quantize(float_model.model, precision, None, signature="prefill"),
-                        extra_files=float_model.extra_files)
+        bundle = litertlm.bundle_variant(float_model.extra_files[litertlm.BUNDLE_FILE], precision)
+        extra = {**float_model.extra_files, litertlm.BUNDLE_FILE: bundle}
+        if not self.decode_ready:
+            return Artifact(model=litertlm.bundle_tflite(bundle), extra_files=extra)
+        return Artifact(model=quantize(float_model.model, precision, None, signature="prefill"), extra_files=extra)
 
     def _runtime(self, art: Artifact, folder: Path) -> LiteRTLanguageModel:
         folder.mkdir(parents=True, exist_ok=True)
@@ -125,8 +162,28 @@ class CausalLMKind(ModelKind):
             (folder / name).write_bytes(data)
         return LiteRTLanguageModel(folder, num_threads=MEASURE_THREADS)
 
+    def _bundle_parity(self, prof: TargetProfile, art: Artifact, work: Path, say: Progress) -> tuple[dict, list[str]]:
+        say(f"{prof.name}: greedy generations of model.litertlm through litert_lm on {len(self.texts)} prompts")
+        (work / "litertlm").mkdir(parents=True, exist_ok=True)
+        eos = eos_token_ids(self.model)
+        pad = self.model.config.pad_token_id
+        fig = litertlm.bundle_parity(self.model, self.tokenizer, art.extra_files[litertlm.BUNDLE_FILE], self.texts,
+                                     max_new_tokens=MAX_NEW_TOKENS, cache_length=self.max_len, eos_ids=eos,
+                                     pad_id=(eos or [0])[0] if pad is None else pad, work=work / "litertlm",
+                                     threads=MEASURE_THREADS)
+        return fig, litertlm.verdict(fig, prof.min_generation_agreement)
+
     def parity(self, prof: TargetProfile, art: Artifact, info: ModelInfo, o: ConvertOptions, work: Path,
                say: Progress) -> Parity:
+        bundle, bundle_reasons = self._bundle_parity(prof, art, work, say)
+        if not self.decode_ready:
+            warnings = [f"browser parity skipped: the in-browser page drives the decode-ready export "
+                        f"({self.decode_ready_skipped})"] if prof.browser_parity else []
+            figures = {"passed": not bundle_reasons, "reasons": bundle_reasons, "runtime": "litert_lm",
+                       **{k: bundle[k] for k in ("prompts", "generation_agreement", "first_generation_divergence")},
+                       "litert_lm": bundle, "max_new_tokens": MAX_NEW_TOKENS,
+                       "tolerances": {"min_generation_agreement": prof.min_generation_agreement}}
+            return Parity(figures=figures, warnings=warnings, runtime=litertlm.RUNTIME)
         say(f"{prof.name}: greedy generations on {len(self.prompts)} prompts vs PyTorch")
         gen = generation_parity(self.model, self._runtime(art, work), self.prompts, MAX_NEW_TOKENS)
         ref_ids = gen.pop("ref_ids")
@@ -153,11 +210,11 @@ class CausalLMKind(ModelKind):
                               f"token {d['token_index']} (torch {d['torch']}, litert {d['litert']})")
         tolerances = {**parity.tolerances(prof, o.atol, o.rtol, o.min_cosine),
                       "min_generation_agreement": prof.min_generation_agreement}
-        figures = {"passed": ok_gen and ok_logits, "reasons": reasons, "runtime": "ai-edge-litert",
-                   **({"browser": browser} if browser else {}),
+        figures = {"passed": ok_gen and ok_logits and not bundle_reasons, "reasons": reasons + bundle_reasons,
+                   "runtime": "ai-edge-litert", "litert_lm": bundle, **({"browser": browser} if browser else {}),
                    **gen, "max_new_tokens": MAX_NEW_TOKENS, "outputs": {"logits": logits}, "tolerances": tolerances,
                    **{k: logits[k] for k in ("max_abs", "rmse", "cosine", "snr_db", "top1") if k in logits}}
-        return Parity(figures=figures, warnings=warnings, runtime=runtime)
+        return Parity(figures=figures, warnings=warnings, runtime=f"{runtime}; {litertlm.RUNTIME}")
 
     def _browser_generations(self, prof: TargetProfile, artifact_dir: Path, ref_ids, say: Progress) -> dict:
         """The web target's greedy generations in headless Chromium (LiteRT.js)."""
@@ -172,30 +229,51 @@ class CausalLMKind(ModelKind):
 
     def latency(self, art: Artifact, info: ModelInfo, work: Path) -> dict:
         """Milliseconds per generated token, greedy, the first prompt's prefill included, one
-        thread on both sides; PyTorch runs transformers' generate with its KV cache."""
-        lm = self._runtime(art, work)
+        thread on both sides; PyTorch runs transformers' generate with its KV cache. `litert_lm`:
+        the bundle on LiteRT-LM (ms per token the same way, and the engine's own tokens/s)."""
+        bundle = litertlm.latency(art.extra_files[litertlm.BUNDLE_FILE], self.texts[0], MAX_NEW_TOKENS,
+                                  work / "litertlm", max_num_tokens=self.max_len, threads=MEASURE_THREADS)
         prompt = self.prompts[0]
+        if not self.decode_ready:
+            n = bundle["tokens"]
+            self._torch_ms(prompt, n)
+            return {"artifact": bundle["ms_per_token"], "torch_eager": self.torch_ms, "threads": MEASURE_THREADS,
+                    "speedup_vs_torch": self.torch_ms / bundle["ms_per_token"] if bundle["ms_per_token"] else None,
+                    "runtime": litertlm.RUNTIME, "unit": "ms per generated token (greedy, prefill included)",
+                    "tokens": n, "litert_lm": bundle}
+        lm = self._runtime(art, work)
         n = len(lm.generate_ids(prompt, MAX_NEW_TOKENS))
         art_ms = median_ms(lambda: lm.generate_ids(prompt, MAX_NEW_TOKENS)) / n
+        self._torch_ms(prompt, n)
+        return {"artifact": art_ms, "torch_eager": self.torch_ms, "threads": MEASURE_THREADS,
+                "speedup_vs_torch": (self.torch_ms / art_ms) if art_ms else None,
+                "runtime": "ai-edge-litert (XNNPACK)", "unit": "ms per generated token (greedy, prefill included)",
+                "tokens": n, "litert_lm": bundle}
+
+    def _torch_ms(self, prompt: list[int], n: int) -> None:
         if self.torch_ms is None:
             ids = torch.tensor([prompt])
             pad = (eos_token_ids(self.model) or [0])[0]
             with torch.no_grad(), torch_threads():
                 self.torch_ms = median_ms(lambda: self.model.generate(
                     ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad)) / n
-        return {"artifact": art_ms, "torch_eager": self.torch_ms, "threads": MEASURE_THREADS,
-                "speedup_vs_torch": (self.torch_ms / art_ms) if art_ms else None,
-                "runtime": "ai-edge-litert (XNNPACK)", "unit": "ms per generated token (greedy, prefill included)",
-                "tokens": n}
 
     def model_json(self, r: TargetResult) -> dict:
-        return {"format": "tpu-pipeline/litert-artifact@1", "kind": "decode-ready-lm", "target": r.target,
+        bundle = r.artifact.extra_files.get(litertlm.BUNDLE_FILE) if r.artifact else None
+        return {"format": "tpu-pipeline/litert-artifact@1",
+                "kind": "decode-ready-lm" if self.decode_ready else "litert-lm-bundle", "target": r.target,
                 "passed": r.passed, "quantization": r.quantization, "runtime": r.runtime,
-                "size_bytes": r.size_bytes, "sha256": r.sha256, "lm": META_FILE,
+                "size_bytes": r.size_bytes, "sha256": r.sha256, "lm": META_FILE if self.decode_ready else None,
+                "litertlm": {"file": litertlm.BUNDLE_FILE, "size_bytes": len(bundle), "cache_length": self.max_len,
+                             "prefill_length": self.prefill_len, "exporter": "litert-torch export_hf"}
+                if bundle else None,
                 "tokenizer": [n for n in TOKENIZER_FILES if n in r.artifact.extra_files],
                 "parity": r.parity, "latency_ms": r.latency_ms, "errors": r.errors, "warnings": r.warnings}
 
     def report_fields(self) -> dict:
-        return {"source_format": "Hugging Face causal-LM folder (decode-ready export)", "task": "causal-lm",
+        exports = "decode-ready export and .litertlm bundle" if self.decode_ready else ".litertlm bundle"
+        return {"source_format": f"Hugging Face causal-LM folder ({exports})", "task": "causal-lm",
                 "lm": {k: self.meta.get(k) for k in ("max_len", "prefill_len", "cache_shape", "eos_token_ids")},
-                "samples": len(self.prompts), "sample_source": self.sample_source, "notes": []}
+                "samples": len(self.prompts), "sample_source": self.sample_source,
+                "notes": [f"model.litertlm only: {self.decode_ready_skipped}; the target's model.tflite is the "
+                          f"bundle's own prefill/decode graph"] if self.decode_ready_skipped else []}

@@ -11,23 +11,23 @@ import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 from tokenizers import Tokenizer
 
+from tpu_pipeline.convert.litertlm_runtime import BUNDLE_FILE
 from tpu_pipeline.errors import UserError
 
 META_FILE = "lm.json"
 
 
 def resolve_artifact_dir(path: str | Path) -> Path:
-    """A target folder, or a convert output folder (then its desktop artifact)."""
+    """A target folder, or a convert output folder (then its desktop artifact): one that holds a
+    decode-ready LM (lm.json) or a LiteRT-LM bundle (model.litertlm)."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such folder")
-    if (path / META_FILE).is_file():
-        return path
-    for target in ("desktop", "android", "ios", "web"):
-        if (path / target / META_FILE).is_file():
-            return path / target
-    raise UserError(f"{path} holds no decode-ready LM ({META_FILE} missing): convert a Hugging Face "
-                    "causal-LM folder with `tpu-pipeline convert` first")
+    for folder in (path, *(path / t for t in ("desktop", "android", "ios", "web"))):
+        if (folder / META_FILE).is_file() or (folder / BUNDLE_FILE).is_file():
+            return folder
+    raise UserError(f"{path} holds no language model ({META_FILE} or {BUNDLE_FILE} missing): convert a "
+                    "Hugging Face causal-LM folder with `tpu-pipeline convert` first")
 
 
 class LiteRTLanguageModel:

@@ -60,7 +60,9 @@ def render_html(report: dict) -> str:
             b = p.get("browser") or {}
             figs = (f"greedy generations identical to PyTorch on {p['generation_agreement']:.0%} of {p['prompts']} prompts"
                     + (f"; in the browser {b['generation_agreement']:.0%}" if "generation_agreement" in b else "")
-                    + "<br>prefill " + figs)
+                    + (f"<br>model.litertlm on LiteRT-LM: {lm['generation_agreement']:.0%} identical, "
+                       f"{lm['near_ties']} near-ties" if (lm := p.get("litert_lm")) else "")
+                    + ("<br>prefill " + figs if figs else ""))
         lat = t.get("latency_ms") or {}
         per = " per token" if "unit" in lat else ""  # decode-ready LMs: per generated token
         lat_s = (f"{lat['artifact']:.3f} ms{per} vs torch {lat['torch_eager']:.3f} ms" if lat.get("artifact") is not None

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from tpu_pipeline.train.arith import build_tokenizer
+from tpu_pipeline.train.arith import build_model, build_tokenizer
 
 # The parity prompts the bench and tests use (characters of the char tokenizer).
 PROMPTS = ("1+2=", "34-7+5=", "(9*8)/3=", "12 # 4 = 0.5", "7")
@@ -51,6 +51,18 @@ def save_family(name: str, out: Path, *, kv_heads: int | None = None, seed: int 
             kwargs["num_key_value_heads"] = kv_heads
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**kwargs)).eval()
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def save_grpo_policy_shape(out: Path, *, seed: int = 0) -> Path:
+    """The default grpo_math policy's architecture (train/arith.py DEFAULT_MODEL: Llama, 4 layers,
+    hidden 192, 6 heads, tied embeddings) with random weights: what decode speed is measured on."""
+    tok = build_tokenizer()
+    torch.manual_seed(seed)
+    model = build_model().eval()
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(out)
     tok.save_pretrained(out)

@@ -57,14 +57,6 @@ def test_unsupported_family_is_refused_in_one_line(model_type, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_mistral_sliding_window_is_refused_by_name():
-    cfg = types.SimpleNamespace(model_type="mistral", sliding_window=8, max_position_embeddings=128)
-    with pytest.raises(UserError, match="sliding_window=8"):
-        litertlm.check_family(cfg)
-    litertlm.check_family(types.SimpleNamespace(model_type="mistral", sliding_window=None,
-                                                max_position_embeddings=128))
-
-
 def _export(tmp_path_factory, family: str, **kw):
     folder = save_family(family, tmp_path_factory.mktemp(family) / "hf", **kw)
     work = tmp_path_factory.mktemp(f"{family}_work")
@@ -136,3 +128,21 @@ def test_export_failure_is_a_conversion_error_naming_the_cause(tmp_path, monkeyp
         litertlm.export_bundle(tmp_path / "hf", tmp_path, cache_length=CACHE, prefill_length=16)
     assert "export_hf could not write a .litertlm: AttributeError: 'LiteRTLMCache'" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("family, args, words", [
+    ("gpt2", [], ".litertlm bundles: GPT-2 is not supported"),
+    ("llama", ["--max-len", "999"], "--max-len 999 is over the model's 128 positions"),
+])
+def test_convert_refuses_unsupported_lm_in_one_line_writing_nothing(tmp_path, family, args, words):
+    from click.testing import CliRunner
+
+    from tpu_pipeline.cli import cli
+
+    folder = save_family(family, tmp_path / family)
+    r = CliRunner().invoke(cli, ["convert", str(folder), "--out", str(tmp_path / "dist"), *args])
+    assert r.exit_code == 2, r.output
+    errors = [ln for ln in r.output.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and words in errors[0], r.output
+    assert r.output.strip().endswith(errors[0])  # the error is the last line, nothing after it
+    assert not (tmp_path / "dist").exists()

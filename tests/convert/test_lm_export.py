@@ -145,7 +145,13 @@ def test_convert_hf_lm_folder_all_targets_then_generate(tmp_path):
         assert t["passed"], (name, t["errors"])
         assert t["parity"]["generation_agreement"] == 1.0 and t["parity"]["prompts"] == 3
         d = tmp_path / "dist" / name
-        assert {"model.tflite", "lm.json", "tokenizer.json", "model.json"} <= {p.name for p in d.iterdir()}
+        assert {"model.tflite", "lm.json", "tokenizer.json", "model.json", "model.litertlm"} <= {
+            p.name for p in d.iterdir()}
+        # the bundle on LiteRT-LM: greedy tokens equal transformers' (near-ties allowed for quantized variants)
+        bundle = t["parity"]["litert_lm"]
+        assert bundle["agreement_with_near_ties"] == 1.0 and bundle["prompts"] == 3, bundle
+        assert bundle["tokenizer_agreement"] == 1.0
+    assert report["targets"]["desktop"]["parity"]["litert_lm"]["generation_agreement"] == 1.0
     assert report["targets"]["web"]["quantization"] == "float16"  # web.toml's lm_precision
     from tpu_pipeline.convert.browser import browser_unavailable
 
@@ -162,8 +168,16 @@ def test_convert_hf_lm_folder_all_targets_then_generate(tmp_path):
                              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(prompt):].tolist()
     assert want == ref[:len(want)]
     g = CliRunner().invoke(cli, ["generate", str(tmp_path / "dist"), "--prompt", "3+4-2=", "--max-new-tokens", "6",
-                                 "--json"])
+                                 "--json", "--runtime", "reference"])
     assert g.exit_code == 0 and json.loads(g.output)["ids"] == want
+    # the default runtime is the bundle on LiteRT-LM: the same greedy tokens (it prints special
+    # tokens as text and hides the stop token)
+    g = CliRunner().invoke(cli, ["generate", str(tmp_path / "dist"), "--prompt", "3+4-2=", "--max-new-tokens", "6",
+                                 "--json"])
+    assert g.exit_code == 0, g.output
+    body = want[:-1] if want and want[-1] == tok.eos_token_id else want
+    assert json.loads(g.output) == {"prompt": "3+4-2=", "runtime": "litert-lm",
+                                    "text": tok.decode(body, skip_special_tokens=False)}
     bad = CliRunner().invoke(cli, ["convert", str(hf), "--targets", "iot", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "does not take a causal LM" in bad.output
     assert not (tmp_path / "x").exists()
