@@ -202,13 +202,18 @@ def bench_trl(policy: Path, data, a) -> dict:
     trainer.model.generate = timed_generate
 
     class Timer(TrainerCallback):
-        def on_step_begin(self, args_, state, control, **kw):
+        # Step time = wall between consecutive optimizer-step ends (the first from the start
+        # of training): on_step_begin's placement within gradient accumulation differs
+        # between transformers versions, on_step_end comes once per optimizer step.
+        def on_train_begin(self, args_, state, control, **kw):
             _sync(a.device)
-            self.t0 = time.perf_counter()
+            self.last = time.perf_counter()
 
         def on_step_end(self, args_, state, control, **kw):
             _sync(a.device)
-            step_times.append(time.perf_counter() - self.t0)
+            now = time.perf_counter()
+            step_times.append(now - self.last)
+            self.last = now
 
     trainer.add_callback(Timer())
     trainer.train()
@@ -223,11 +228,13 @@ def bench_trl(policy: Path, data, a) -> dict:
 def _summary(steps, rollouts, tokens) -> dict:
     s = steps[1:] or steps  # the first step is a warm-up
     r = rollouts[1:] or rollouts
-    t = tokens[1:] or tokens
-    return {"steps_timed": len(s), "step_seconds_median": round(statistics.median(s), 3),
-            "rollout_seconds_median": round(statistics.median(r), 3),
-            "rollout_tokens_per_second": round(sum(t) / max(sum(r), 1e-9), 1),
-            "step_seconds_all": [round(x, 3) for x in steps]}
+    t = tokens[1:len(r) + 1] or tokens[:len(r)]
+    out = {"steps_timed": len(s), "step_seconds_median": round(statistics.median(s), 3),
+           "step_seconds_all": [round(x, 3) for x in steps]}
+    if r:  # empty when TRL generated through another path than trainer.model.generate
+        out.update(rollout_seconds_median=round(statistics.median(r), 3),
+                   rollout_tokens_per_second=round(sum(t) / max(sum(r), 1e-9), 1))
+    return out
 
 
 def main() -> None:
