@@ -141,6 +141,7 @@ class LinearLogprobsBlocks(_Blocks):
     num_warps: int = 4
     num_stages: int = 2
     atomics: bool = False
+    vocab_splits: int = 1  # forward: programs sharing one row block's vocabulary walk
 
     def tiles(self, direction: str) -> dict[str, int]:
         t = {"acc": self.rows * self.vocab, "h": self.rows * self.hidden, "w": self.vocab * self.hidden}
@@ -169,7 +170,8 @@ def linear_logprobs_blocks(n: int, h: int, v: int, itemsize: int, device: Device
     GPU start: 128x128 logit tiles (an MMA-friendly square, 64 float32 registers a
     thread at 8 warps), H slices of 64 (bf16: four k-steps of a wgmma) or 32 (float32),
     3 pipeline stages. Shrunk in this order until it fits: stages (to 2), the H slice
-    (to 32 / 16), then the larger of rows / vocab (to 16).
+    (to 32 / 16), then the larger of rows / vocab (to 16). The forward splits the
+    vocabulary walk over enough programs for ~4 per SM.
     """
     if device.kind == "tpu":
         # Mosaic wants 128-lane multiples; VMEM is large, so wide tiles.
@@ -192,6 +194,11 @@ def linear_logprobs_blocks(n: int, h: int, v: int, itemsize: int, device: Device
             cfg = dataclasses.replace(cfg, hidden=cfg.hidden // 2)
         else:
             raise ValueError(f"no linear_token_logprobs blocks fit {device.name} (H={h}, V={v})")
+    if direction == "fwd" and device.kind == "gpu":
+        # N=4096 in 128-row blocks is 32 programs: a quarter of an H200's SMs. Splitting
+        # the vocabulary walk gives ~4 programs per SM.
+        row_blocks, tiles = -(-n // cfg.rows), -(-v // cfg.vocab)
+        cfg = dataclasses.replace(cfg, vocab_splits=min(tiles, max(1, -(-4 * device.cores // row_blocks))))
     return cfg
 
 

@@ -9,7 +9,9 @@ linear_token_logprobs fuses the LM head: each [rows, vocab] tile of logits is
 hidden_rows @ weight_tile^T, accumulated over slices of the hidden dimension
 (so no tile grows with H: H=8192 and V=256k fit a GPU's shared memory), made
 and consumed inside the kernel; the [N, V] logits never exist. The forward
-walks the vocabulary with an online log-sum-exp. The backward recomputes each
+walks the vocabulary with an online log-sum-exp; the vocabulary is split
+across programs too (flash-decoding style), so that a few row blocks still
+fill every SM, and the splits' partial log-sum-exps are merged afterwards. The backward recomputes each
 tile's logits from h, w and the saved log-sum-exp, forms d logits =
 g * (onehot - softmax) for the tile and adds d @ w into d hidden and
 d^T @ h into d weight, slice by slice of H:
@@ -144,8 +146,10 @@ def _dlogits(s, lab, lse, g, cols, v):
     return jnp.where((cols < v) & (lab >= 0), d, 0.0)
 
 
-def _ltl_fwd_kernel(h_ref, w_ref, lab_ref, lp_ref, lse_ref, *, cfg, v, nv, nh):
-    acc = lp_ref.dtype
+def _ltl_fwd_kernel(h_ref, w_ref, lab_ref, m_ref, l_ref, picked_ref, *, cfg, v, nv, nh, per_split):
+    """Program (i, s): rows block i over vocabulary tiles [s * per_split, ...): its
+    running max, sum of exponentials and picked logit, merged across s afterwards."""
+    acc = m_ref.dtype
     br, bv, bh = cfg.rows, cfg.vocab, cfg.hidden
     lab = lab_ref[...]
     cols0 = lax.broadcasted_iota(jnp.int32, (br, bv), 1)
@@ -155,7 +159,9 @@ def _ltl_fwd_kernel(h_ref, w_ref, lab_ref, lp_ref, lse_ref, *, cfg, v, nv, nh):
         s = _logits(h_ref, slice(None), w_ref, pl.ds(pl.multiple_of(c * bv, bv), bv), (br, bv), bh, nh, acc)
         return _lse_step(carry, jnp.where(cols < v, s, NEG), cols, lab)
 
-    _finish(lax.fori_loop(0, nv, body, _init(br, acc)), lab, lp_ref, lse_ref)
+    lo = pl.program_id(1) * per_split
+    m, l, picked = lax.fori_loop(lo, jnp.minimum(lo + per_split, nv), body, _init(br, acc))
+    m_ref[...], l_ref[...], picked_ref[...] = m, l, picked
 
 
 def _ltl_bwd_atomic_kernel(h_ref, w_ref, lab_ref, lse_ref, g_ref, _dh0, _dw0, dh_ref, dw_ref, *, cfg, v, nh):
@@ -238,17 +244,24 @@ def linear_token_logprobs_fwd(h, w, labels, *, cfg: LinearLogprobsBlocks, interp
     """
     n, hd, v, n_p, h_p, v_p = _ltl_geometry(h, w, cfg)
     acc = acc_dtype(h.dtype)
-    br = cfg.rows
-    col = pl.BlockSpec((br, 1), lambda i: (i, 0))
-    lp, lse = call(
-        functools.partial(_ltl_fwd_kernel, cfg=cfg, v=v, nv=v_p // cfg.vocab, nh=h_p // cfg.hidden),
-        grid=(n_p // br,),
-        in_specs=[pl.BlockSpec((br, h_p), lambda i: (i, 0)), pl.BlockSpec((v_p, h_p), lambda i: (0, 0)), col],
-        out_specs=[col, col], out_shape=[jax.ShapeDtypeStruct((n_p, 1), acc)] * 2,
+    br, nv = cfg.rows, v_p // cfg.vocab
+    per_split = -(-nv // max(1, cfg.vocab_splits))
+    splits = -(-nv // per_split)
+    part = pl.BlockSpec((br, 1), lambda i, s: (i, s))
+    m, l, picked = call(
+        functools.partial(_ltl_fwd_kernel, cfg=cfg, v=v, nv=nv, nh=h_p // cfg.hidden, per_split=per_split),
+        grid=(n_p // br, splits),
+        in_specs=[pl.BlockSpec((br, h_p), lambda i, s: (i, 0)), pl.BlockSpec((v_p, h_p), lambda i, s: (0, 0)),
+                  pl.BlockSpec((br, 1), lambda i, s: (i, 0))],
+        out_specs=[part] * 3, out_shape=[jax.ShapeDtypeStruct((n_p, splits), acc)] * 3,
         interpret=interpret, name="linear_token_logprobs_fwd", launch=_launch(cfg),
     )(pad_axis(pad_axis(h, 0, n_p), 1, h_p), pad_axis(pad_axis(w, 0, v_p), 1, h_p),
       pad_axis(labels.reshape(n, 1), 0, n_p, -1))
-    return lp[:n, 0], lse[:n, 0]
+    # Merge the splits' partial log-sum-exps ([N, splits]: a few numbers a row).
+    top = jnp.max(m, axis=1, keepdims=True)
+    lse = (top + jnp.log(jnp.sum(l * jnp.exp(m - top), axis=1, keepdims=True)))[:n, 0]
+    lp = jnp.where(labels >= 0, jnp.sum(picked, axis=1)[:n] - lse, 0.0)
+    return lp, lse
 
 
 @kernel_jit(static_argnames=("cfg", "interpret"))

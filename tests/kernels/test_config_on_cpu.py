@@ -31,6 +31,13 @@ def test_linear_logprobs_blocks_fit_the_h200(h, v, itemsize):
         assert cfg.rows * cfg.vocab * (2 if direction == "bwd" else 1) / (32 * cfg.num_warps) <= C.MAX_REGS
 
 
+def test_linear_forward_fills_the_h200():
+    """Rows alone give N=4096 / 128 = 32 programs for 132 SMs: the vocabulary is split too."""
+    cfg = C.linear_logprobs_blocks(4096, 2048, 32768, 2, C.H200, "fwd")
+    programs = -(-4096 // cfg.rows) * cfg.vocab_splits
+    assert programs >= 2 * C.H200.cores and cfg.vocab_splits <= -(-32768 // cfg.vocab)
+
+
 def test_the_configurations_that_failed_on_the_h200_are_gone():
     """Issue 13's failures: a 1024x2048 weight tile (2M elements) at H=2048, and 2,130,048
     bytes of shared memory at N=100 H=256 V=5000. The old kernel loaded a whole

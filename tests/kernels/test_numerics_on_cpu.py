@@ -173,6 +173,7 @@ def test_linear_token_logprobs_with_the_h200_blocks(atomics, dtype, gen, monkeyp
     assert fwd_cfg == C.linear_logprobs_blocks(n, hd, v, itemsize, C.H200, "fwd")
     assert bwd_cfg.atomics is atomics and (bwd_cfg.rows, bwd_cfg.vocab) == (64, 128)
     assert -(-hd // bwd_cfg.hidden) >= 2  # H really is walked in slices
+    assert fwd_cfg.vocab_splits == 3  # and the forward's vocabulary walk is split over programs
 
 
 def test_gradcheck_tiny():
