@@ -173,8 +173,15 @@ def _verifier():
 
 def score(answer: str, numbers: Sequence[int], target: int) -> float:
     """reasoning-gym's countdown verifier (CountdownDataset.score_answer)."""
-    entry = {"metadata": {"numbers": list(numbers), "target": int(target)}}
-    return float(_verifier().score_answer(answer.strip(), entry))
+    return _score(answer.strip(), tuple(int(x) for x in numbers), int(target))
+
+
+# The verifier parses with sympy (~5 ms a call on the shared box) and is deterministic;
+# a group's samples often repeat an expression, and prompts recur across steps.
+@functools.lru_cache(maxsize=1 << 16)
+def _score(answer: str, numbers: tuple[int, ...], target: int) -> float:
+    entry = {"metadata": {"numbers": list(numbers), "target": target}}
+    return float(_verifier().score_answer(answer, entry))
 
 
 def encode_example(tokenizer, problem: Problem) -> tuple[list[int], int]:

@@ -4,13 +4,16 @@ countdown_lm warm start carried into RL, and the recipe end to end (--steps 3)."
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.rl import countdown as rl_countdown
+from tpu_pipeline.rl.config import load_recipe
 from tpu_pipeline.rl.rewards import GuardedReward
 from tpu_pipeline.train import arith, countdown
 
@@ -113,3 +116,13 @@ def test_bad_countdown_input_is_one_line_user_error(tmp_path, tiny_policy, overr
     with pytest.raises(UserError, match=match):
         run("grpo_countdown", tmp_path / "r", policy=str(tiny_policy), steps=1, progress=False, log=lambda m: None,
             overrides={**FAST, **override})
+
+
+def test_supervised_control_learns_the_pool_solutions_and_reports(tmp_path, tiny_policy):
+    shutil.copytree(tiny_policy, tmp_path / "ws" / "hf")
+    torch.manual_seed(0)
+    cfg = load_recipe("grpo_countdown", {k: v for k, v in FAST.items() if k.startswith("data.")})
+    res = rl_countdown.supervised_control(cfg, tmp_path / "ws", seconds=3.0, lr=3e-3, batch_size=16)
+    assert res["steps"] >= 1 and res["optimizer_state_carried"] is False
+    assert res["n"] == 16  # the RL run's held-out split (data.heldout_n)
+    assert res["lr"] == 3e-3 and 0.0 <= res["accuracy"] <= 1.0
