@@ -116,3 +116,21 @@ def test_bf16_precision_runs_matmuls_in_bf16_over_fp32_weights(tmp_path, tiny_po
     # Evaluation takes the same precision: it stays a finite accuracy.
     acc = eng.evaluate(eng.source.heldout()[:8])["accuracy"]
     assert 0.0 <= acc <= 1.0
+
+
+@pytest.mark.parametrize("kind,expected", [("cuda", ["auto"]), ("cpu", [])])
+def test_an_accelerator_platform_turns_our_kernels_on(tmp_path, tiny_policy, monkeypatch, kind, expected):
+    import tpu_pipeline
+    from tpu_pipeline.device import Platform
+    from tpu_pipeline.rl import api
+
+    calls = []
+    fake = Platform(kind=kind, device=torch.device("cpu"), count=1, name=f"fake {kind}", bf16=kind == "cuda",
+                    compile_backend="inductor", kernel_lowering="gpu" if kind == "cuda" else "interpret",
+                    reason="test")
+    monkeypatch.setattr(tpu_pipeline, "select_device", lambda want: fake)
+    monkeypatch.setattr(api, "use_kernels", lambda model, impl: calls.append(impl) or model)
+    res = api.run("grpo_math", tmp_path / "r", policy=str(tiny_policy), steps=1, kernels="auto",
+                  overrides={**SMALL, "trainer.kernels": "auto", "trainer.eval_k": 0}, progress=False,
+                  log=lambda m: None)
+    assert calls == expected and res["steps"] == 1
