@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -141,7 +142,7 @@ def measured_tree() -> dict:
     def git(*a):
         return subprocess.run(["git", "-C", str(folder), *a], capture_output=True, text=True).stdout.strip()
     return {"pipeline_file": where, "commit": git("rev-parse", "--short", "HEAD"),
-            "convert_dirty": bool(git("status", "--porcelain", "--", "."))}
+            "convert_dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "."))}
 
 
 def one(zoo, name: str, size: str, out: Path, a) -> dict:
@@ -181,6 +182,11 @@ def _mb(n):
     return f"{n / 2**20:.2f} MB" if n is not None else "-"
 
 
+def _short(text: str | None, n: int = 80) -> str:
+    text = re.sub(r"^(Error: )?\S+\.pt2: ", "", text or "")  # the file's path says nothing here
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
 def cell(t: dict | None) -> str:
     if t is None:
         return "-"
@@ -207,10 +213,10 @@ def markdown(results: dict) -> str:
             row = [cell(ts.get(n)) for n in TARGETS]
         b = r.get("bare")
         bare = "-" if b is None else (f"ok ({b['seconds']:.0f} s, cos {b['cosine']:.6f})" if b.get("ok") and "cosine" in b
-                                      else f"ok ({b['seconds']:.0f} s)" if b.get("ok") else f"**fails**: {b.get('error')}")
+                                      else f"ok ({b['seconds']:.0f} s)" if b.get("ok") else f"**fails**: {_short(b.get('error'))}")
         raw = r.get("raw_hf_pt2")
         rawc = "-" if raw is None else ("loads, desktop " + ("pass" if (raw.get("desktop") or {}).get("passed") else "FAIL")
-                                        if raw.get("desktop") else f"exit {raw.get('exit')}: {raw.get('error')}")
+                                        if raw.get("desktop") else f"exit {raw.get('exit')}: {_short(raw.get('error'))}")
         lines.append(f"| {r['model']} | {r['params'] / 1e6:.2f}M | " + " | ".join(row) + f" | {bare} | {rawc} |")
     passed = {n: sum(1 for r in results["models"] if ((r.get("convert") or {}).get("targets") or {}).get(n, {}).get("passed"))
               for n in TARGETS}
@@ -236,10 +242,13 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per conversion")
     ap.add_argument("--no-bare", action="store_true", help="skip the bare litert_torch export")
     ap.add_argument("--no-raw", action="store_true", help="skip the HF ModelOutput .pt2 probe")
+    ap.add_argument("--render", default=None, metavar="ZOO_JSON", help="only print the markdown table of a zoo.json")
     ap.add_argument("--bare-child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.bare_child:
         return bare_child(a.bare_child, a.size, Path(a.out))
+    if a.render:
+        return print(markdown(json.loads(Path(a.render).read_text())), end="")
     zoo = load_zoo()
     names = a.models.split(",") if a.models else zoo.names()
     unknown = [n for n in names if n not in zoo.MEMBERS]
