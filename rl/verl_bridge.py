@@ -62,7 +62,7 @@ def hydra_overrides(cfg: RLConfig, *, train_file: Path, val_file: Path, policy_p
     a = resolve(alg)
     mod, fn = t.reward.split(":", 1)
     mini = max(1, t.prompts_per_step // t.minibatches)
-    micro = max(1, min(mini * r.n, 64))
+    micro = t.micro_batch_size or max(1, min(mini * r.n, 64))  # rows per forward/backward, as locally
     ov = [
         f"algorithm.adv_estimator={a['adv_estimator']}",
         f"algorithm.norm_adv_by_std_in_grpo={_b(a['norm_adv_by_std_in_grpo'])}",

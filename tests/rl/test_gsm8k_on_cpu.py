@@ -191,6 +191,7 @@ def test_engine_verl_dry_run_is_verls_gsm8k_launch(tmp_path, chat_policy):
     assert ov["data.max_prompt_length"] == "512" and ov["data.max_response_length"] == "512"
     assert ov["actor_rollout_ref.model.lora_rank"] == "8" and ov["actor_rollout_ref.model.lora_alpha"] == "16"
     assert ov["actor_rollout_ref.model.target_modules"] == "all-linear"
+    assert ov["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "16"  # trainer.micro_batch_size
     train = pq.read_table(ov["data.train_files"]).to_pylist()
     val = pq.read_table(ov["data.val_files"]).to_pylist()
     assert len(train) == 540 and len(val) == 60  # the shipped 600 rows, a tenth held out
