@@ -13,7 +13,7 @@ here.
 
 Backward (FlashAttention-2 style, recomputing probabilities from the saved
 log-sum-exp): one kernel per query block for dq, one per key block for dk and
-dv (per query head; the wrapper sums the heads of a group).
+dv (per key/value head, summing over the query heads of its group in registers).
 
 Block sizes, warps and pipeline stages come from _config per device, head dim
 and direction (forward 128x64, backward 64x64 on an H100/H200 at d <= 128).
@@ -99,7 +99,10 @@ def _dq_kernel(bnd_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref,
 
 
 def _dkv_kernel(bnd_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
-                scale, causal, bq, bk, sq, nq):
+                scale, causal, bq, bk, sq, nq, g):
+    """Program (b, kv head, key block): walks the query blocks of every query head of
+    its group (grouped-query attention), so dk and dv are summed here, not as
+    per-query-head partials in memory."""
     acc = acc_dtype(q_ref.dtype)
     kj = pl.program_id(2)
     start, sk = read_row_scalar(bnd_ref, 0), read_row_scalar(bnd_ref, 1)
@@ -110,22 +113,24 @@ def _dkv_kernel(bnd_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref
     # First query block with a row that can see this key block: i + offset >= kj * bk.
     lo = jnp.clip((kj * bk - offset) // bq, 0, nq) if causal else 0
 
-    def body(i, carry):
-        dk, dv = carry
-        q = q_ref[pl.ds(pl.multiple_of(i * bq, bq), bq), :]
-        do = do_ref[pl.ds(pl.multiple_of(i * bq, bq), bq), :]
-        lse = lse_ref[pl.ds(pl.multiple_of(i * bq, bq), bq)][:, None]
-        delta = delta_ref[pl.ds(pl.multiple_of(i * bq, bq), bq)][:, None]
-        rows = i * bq + rows0
-        mask = _mask(rows, cols, start=start, sk=sk, offset=offset, causal=causal) & (rows < sq)
-        p = jnp.where(mask, jnp.exp(dot_nt(q, k, acc) * scale - lse), 0.0)
-        dv = dv + dot_tn(p.astype(do.dtype), do, acc)
-        ds = p * (dot_nt(do, v, acc) - delta)
-        dk = dk + dot_tn(ds.astype(q.dtype), q, acc)
-        return dk, dv
+    def head(hh, carry):
+        def body(i, carry):
+            dk, dv = carry
+            qs = pl.ds(pl.multiple_of(i * bq, bq), bq)
+            q, do = q_ref[hh, qs, :], do_ref[hh, qs, :]
+            lse, delta = lse_ref[hh, qs][:, None], delta_ref[hh, qs][:, None]
+            rows = i * bq + rows0
+            mask = _mask(rows, cols, start=start, sk=sk, offset=offset, causal=causal) & (rows < sq)
+            p = jnp.where(mask, jnp.exp(dot_nt(q, k, acc) * scale - lse), 0.0)
+            dv = dv + dot_tn(p.astype(do.dtype), do, acc)
+            ds = p * (dot_nt(do, v, acc) - delta)
+            dk = dk + dot_tn(ds.astype(q.dtype), q, acc)
+            return dk, dv
+
+        return lax.fori_loop(lo, nq, body, carry)
 
     zeros = jnp.zeros(k.shape, acc)
-    dk, dv = lax.fori_loop(lo, nq, body, (zeros, zeros))
+    dk, dv = lax.fori_loop(0, g, head, (zeros, zeros))
     dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -197,17 +202,14 @@ def attention_bwd(q, k, v, bounds, o, lse, do, *, causal: bool, scale: float, cf
         interpret=interpret, name="flash_attention_dq", launch=(cfg.num_warps, cfg.num_stages),
     )(bounds, qp, kp, vp, dop, lsep, deltap)
 
-    qfull = pl.BlockSpec((None, None, sq_p, d), lambda bi, h, j: (bi, h, 0, 0))
-    rowfull = pl.BlockSpec((None, None, sq_p), lambda bi, h, j: (bi, h, 0))
-    kvblk = pl.BlockSpec((None, None, bk, d), lambda bi, h, j: (bi, h // g, j, 0))
-    outblk = pl.BlockSpec((None, None, bk, d), lambda bi, h, j: (bi, h, j, 0))
+    # The query heads of kv head h are h * g ... h * g + g - 1: one block of g heads.
+    qgroup = pl.BlockSpec((None, g, sq_p, d), lambda bi, h, j: (bi, h, 0, 0))
+    rowgroup = pl.BlockSpec((None, g, sq_p), lambda bi, h, j: (bi, h, 0))
+    kvblk = pl.BlockSpec((None, None, bk, d), lambda bi, h, j: (bi, h, j, 0))
     dk, dv = call(
-        functools.partial(_dkv_kernel, nq=sq_p // bq, **common), grid=(b, hq, sk_p // bk),
-        in_specs=[row_scalars_spec(2), qfull, kvblk, kvblk, qfull, rowfull, rowfull], out_specs=[outblk, outblk],
-        out_shape=[jax.ShapeDtypeStruct((b, hq, sk_p, d), acc)] * 2,
+        functools.partial(_dkv_kernel, nq=sq_p // bq, g=g, **common), grid=(b, hkv, sk_p // bk),
+        in_specs=[row_scalars_spec(2), qgroup, kvblk, kvblk, qgroup, rowgroup, rowgroup], out_specs=[kvblk, kvblk],
+        out_shape=[jax.ShapeDtypeStruct((b, hkv, sk_p, d), k.dtype)] * 2,
         interpret=interpret, name="flash_attention_dkv", launch=(cfg.num_warps, cfg.num_stages),
     )(bounds, qp, kp, vp, dop, lsep, deltap)
-    # Per-query-head partials -> sum over the heads that share a key/value head.
-    dk = dk[:, :, :sk, :d_real].reshape(b, hkv, g, sk, d_real).sum(axis=2).astype(k.dtype)
-    dv = dv[:, :, :sk, :d_real].reshape(b, hkv, g, sk, d_real).sum(axis=2).astype(v.dtype)
-    return dq[:, :, :sq, :d_real], dk, dv
+    return dq[:, :, :sq, :d_real], dk[:, :, :sk, :d_real], dv[:, :, :sk, :d_real]

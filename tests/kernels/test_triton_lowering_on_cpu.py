@@ -113,6 +113,7 @@ def _cases():
         cases[f"rms_norm-{direction}-333x1000-f32"] = rms(direction, 333, 1000, F32)
         cases[f"attention-{direction}-4x16/4x2048x128-bf16"] = attn(direction, 4, 16, 4, 2048, 128, BF16)
         cases[f"attention-{direction}-2x8/2x77x64-f32"] = attn(direction, 2, 8, 2, 77, 64, F32)
+        cases[f"attention-{direction}-1x12/4x100x128-bf16"] = attn(direction, 1, 12, 4, 100, 128, BF16)  # group of 3
         cases[f"token_logprobs-{direction}-4096x32768-bf16"] = tl(direction, 4096, 32768, BF16)
         cases[f"linear-{direction}-4096x2048x32768-bf16"] = ltl(direction, 4096, 2048, 32768, BF16)
         cases[f"linear-{direction}-100x256x5000-f32"] = ltl(direction, 100, 256, 5000, F32)
