@@ -17,6 +17,7 @@ from tpu_pipeline.kernels import use_kernels
 from tpu_pipeline.metrics import MetricsWriter
 from tpu_pipeline.rl import algo, dapo
 from tpu_pipeline.rl import countdown  # also registers the countdown data source
+from tpu_pipeline.rl.accel import compute_dtype
 from tpu_pipeline.rl.config import RLConfig, fingerprint, load_recipe, to_dict
 from tpu_pipeline.rl.curve import plot_curve
 from tpu_pipeline.rl.data import build_source
@@ -100,7 +101,10 @@ def _policy_and_optimizer(cfg: RLConfig, platform, log):
                                   kernels=cfg.trainer.kernels, log=log)
         path = folder / "hf"
         carry = folder / "optimizer.pt" if cfg.policy.carry_optimizer_state and not lora else None
-    model, tok = load_policy(path, platform.device)
+    # LoRA on a bf16 device: the frozen base is held in bf16 (half the memory; autocast
+    # computes in bf16 anyway); the trained adapters and their AdamW state stay fp32.
+    base_dtype = compute_dtype(cfg.trainer.precision, platform.device) if lora else torch.float32
+    model, tok = load_policy(path, platform.device, dtype=base_dtype)
     kernels = cfg.trainer.kernels
     if kernels == "pallas" or (kernels == "auto" and platform.kind != "cpu"):
         # RMSNorm and attention through tpu_pipeline.kernels; on CPU "auto" keeps the plain

@@ -111,8 +111,9 @@ def check_policy_files(path: str | Path, *, need_chat_template: bool) -> None:
                         "chat messages; use an instruct/chat model or set policy.require_chat_template = false")
 
 
-def load_policy(path: str | Path, device=None):
-    """(model, tokenizer) from a Hugging Face folder, in float32 on `device`."""
+def load_policy(path: str | Path, device=None, dtype=torch.float32):
+    """(model, tokenizer) from a Hugging Face folder, in `dtype` (float32: trained weights and
+    their optimizer state stay fp32 under bf16 autocast) on `device`."""
     # heavy: transformers takes seconds to import (it pulls in torchao)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -124,7 +125,7 @@ def load_policy(path: str | Path, device=None):
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, use_safetensors=True,
-                                                     dtype=torch.float32)
+                                                     dtype=dtype)
     except (OSError, ValueError) as e:
         raise UserError(f"policy {path}: cannot load ({str(e).splitlines()[0]})") from None
     if tok.pad_token_id is None:

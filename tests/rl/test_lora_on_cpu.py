@@ -144,3 +144,27 @@ def test_lora_checkpoints_hold_adapters_only_and_resume_exactly(tmp_path, tiny_p
     wa = load_file(tmp_path / "full" / "policy" / "model.safetensors")
     wb = load_file(tmp_path / "cut" / "policy" / "model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_lora_in_bf16_keeps_a_bf16_base_and_fp32_adapters(tmp_path, tiny_policy, test_rewards, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from tpu_pipeline.rl import api
+
+    seen = {}
+    real = api.add_lora
+
+    def spy(model, **kw):
+        lora = real(model, **kw)
+        seen["dtypes"] = {("lora_" in n, p.dtype) for n, p in lora.model.named_parameters()}
+        return lora
+
+    monkeypatch.setattr(api, "add_lora", spy)
+    ov = {**SMALL, "trainer.eval_k": 0, "trainer.precision": "bfloat16", "optim.lr": 1e-2, "optim.warmup_steps": 0}
+    res = api.run("grpo_math", tmp_path / "r", policy=str(tiny_policy), steps=2, lora_rank=4,
+                  reward="rewards_for_tests:starts_with_hash", overrides=ov, progress=False, log=lambda m: None)
+    assert res["steps"] == 2 and res["totals"]["nan_steps"] == 0
+    assert seen["dtypes"] == {(False, torch.bfloat16), (True, torch.float32)}
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "r" / "policy")
+    assert {p.dtype for p in after.parameters()} == {torch.bfloat16}
+    assert not any("lora" in k for k in after.state_dict())
