@@ -103,8 +103,12 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if fused is not None and hasattr(model, "model") and hasattr(model, "lm_head"):
         hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
         h = hidden[:, -response_len - 1:-1, :]
-        w = model.lm_head.weight  # under autocast the hidden states may be bf16: one dtype for the kernel
-        return fused(h.to(w.dtype) / temperature, w, targets, impl=kernels)
+        # The kernel is called outside autocast's reach: give it autocast's dtype (bf16 on
+        # CUDA) for both operands, as the lm-head matmul would run, else the weight's dtype.
+        w = model.lm_head.weight
+        dt = h.device.type
+        dtype = torch.get_autocast_dtype(dt) if torch.is_autocast_enabled(dt) else w.dtype
+        return fused(h.to(dtype) / temperature, w.to(dtype), targets, impl=kernels).float()
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
     logits = logits[:, -response_len - 1:-1, :].float() / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)

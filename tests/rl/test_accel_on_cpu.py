@@ -134,3 +134,20 @@ def test_an_accelerator_platform_turns_our_kernels_on(tmp_path, tiny_policy, mon
                   overrides={**SMALL, "trainer.kernels": "auto", "trainer.eval_k": 0}, progress=False,
                   log=lambda m: None)
     assert calls == expected and res["steps"] == 1
+
+
+def test_fused_logprobs_take_autocasts_dtype(tiny_policy):
+    from tpu_pipeline.rl.policy import load_policy
+    from tpu_pipeline.rl.rollout import token_logprobs
+
+    model, tok = load_policy(tiny_policy)
+    enc = tok(["1+2=#### 3", "7-3+1=#### 5"], padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    plain = token_logprobs(model, ids, mask, 6, 1.0, "torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = token_logprobs(model, ids, mask, 6, 1.0, "pallas")
+        plain_bf16 = token_logprobs(model, ids, mask, 6, 1.0, "torch")
+    assert fused.dtype == torch.float32 and fused.shape == plain.shape
+    # bf16 operands: close to the bf16 torch path, and within bf16 rounding of fp32.
+    torch.testing.assert_close(fused, plain_bf16, atol=0.05, rtol=0.02)
+    assert 0 < float((fused - plain).abs().max()) < 0.1
