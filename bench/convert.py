@@ -25,6 +25,7 @@ from pathlib import Path
 import litert_torch
 import torch
 
+import tpu_pipeline.convert as convert_pkg
 from tpu_pipeline.convert import convert
 from tpu_pipeline.convert import reference_models as R
 from tpu_pipeline.convert.export import quiet_native
@@ -57,11 +58,24 @@ def bare(cls: str, kwargs: dict, path: Path) -> float:
     return time.perf_counter() - t
 
 
+def _single_precision_profiles(folder: Path) -> Path:
+    """The shipped profiles without their `precisions` lists: each target builds its one `precision`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in (Path(convert_pkg.__file__).parent / "targets").glob("*.toml"):
+        lines = [ln for ln in f.read_text().splitlines() if not ln.startswith("precisions ")]
+        (folder / f.name).write_text("\n".join(lines) + "\n")
+    return folder
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="runs/bench_convert")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--models", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
+    ap.add_argument("--single-precision", action="store_true",
+                    help="also time each convert with one precision per target (profiles without `precisions`): "
+                         "the cost of measuring candidates")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -70,7 +84,9 @@ def main() -> None:
     results = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                            "torch_threads": torch.get_num_threads()},
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "models": {}}
-    for family, (cls, kwargs) in MODELS.items():
+    single = _single_precision_profiles(work / "profiles") if a.single_precision else None
+    for family in a.models.split(","):
+        cls, kwargs = MODELS[family]
         task = "causal-lm" if family == "decoder_lm" else "classification"
         model = manifest(cls, kwargs, work / f"{family}.pt", task)
         bare_s, full_s, report = [], [], None
@@ -82,6 +98,14 @@ def main() -> None:
         row = {"bare_convert_export_s": statistics.median(bare_s), "convert_all_targets_s": statistics.median(full_s),
                "export_inside_convert_s": report["export_s"], "targets": {}}
         row["ratio"] = row["convert_all_targets_s"] / row["bare_convert_export_s"]
+        if single is not None:
+            one_s = []
+            for _ in range(a.repeats):
+                t = time.perf_counter()
+                convert(model, out=work / "single" / family, samples=a.samples, profile_dir=single)
+                one_s.append(time.perf_counter() - t)
+            row["convert_one_precision_s"] = statistics.median(one_s)
+            row["ratio_one_precision"] = row["convert_one_precision_s"] / row["bare_convert_export_s"]
         for name, t in report["targets"].items():
             p, lat = t.get("parity") or {}, t.get("latency_ms") or {}
             row["targets"][name] = {
@@ -96,9 +120,12 @@ def main() -> None:
 
 
 def markdown(res: dict) -> str:
-    lines = ["| model | bare convert+export (s) | convert, 5 targets + parity (s) | ratio |", "|---|---|---|---|"]
+    lines = ["| model | bare convert+export (s) | convert, 5 targets + parity (s) | ratio | one precision per target (s) | ratio |",
+             "|---|---|---|---|---|---|"]
     for fam, r in res["models"].items():
-        lines.append(f"| {fam} | {r['bare_convert_export_s']:.1f} | {r['convert_all_targets_s']:.1f} | {r['ratio']:.2f}x |")
+        one = (f"{r['convert_one_precision_s']:.1f} | {r['ratio_one_precision']:.2f}x" if "convert_one_precision_s" in r
+               else "- | -")
+        lines.append(f"| {fam} | {r['bare_convert_export_s']:.1f} | {r['convert_all_targets_s']:.1f} | {r['ratio']:.2f}x | {one} |")
     lines += ["", "| model | target | quantization | bytes | cosine | max_abs | SNR dB | top-1 | artifact ms | torch ms | speed-up | status |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v, fmt: format(v, fmt) if isinstance(v, (int, float)) else "-"  # noqa: E731

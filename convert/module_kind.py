@@ -7,6 +7,7 @@ target names the first PyTorch layer whose output diverges."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from tpu_pipeline.convert import parity
 from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs
 from tpu_pipeline.convert.export import export_float
 from tpu_pipeline.convert.kinds import ModelKind, Progress
-from tpu_pipeline.convert.loaders import LoadedModel, flatten_outputs, load_model
+from tpu_pipeline.convert.loaders import LoadedModel, first_line, flatten_outputs, load_model
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.options import ConvertOptions
 from tpu_pipeline.convert.quantize import quantize
@@ -29,6 +30,8 @@ from tpu_pipeline.errors import UserError
 CALIB_RANDOM_SAMPLES = 16
 REFERENCE_SAMPLES = 2
 LOCALIZE_SAMPLES = 4  # layer errors are averaged over these parity samples
+FLOAT16_DELEGATES = ("gpu", "coreml")  # delegates that compute activations in float16 on the phone
+FLOAT16_LOSSY = 1e-2  # relative error of a layer's float16 output that counts as losing precision
 LM_ONLY = "applies to Hugging Face causal-LM folders with tokenizer.json only"
 
 
@@ -46,6 +49,7 @@ class ModuleKind(ModelKind):
         self.notes = list(m.notes)
         self.torch_ms: float | None = None
         self.float_art: Artifact | None = None
+        self._f16: dict | None = None
         # id(model bytes) -> (bytes, outputs per sample): targets that share a variant and runtime run it once
         self._xnnpack: dict[int, tuple[bytes, list]] = {}
 
@@ -137,6 +141,13 @@ class ModuleKind(ModelKind):
                "outputs": outputs, "tolerances": parity.tolerances(prof, o.atol, o.rtol, o.min_cosine),
                "runtime": prof.runtime}
         warnings, runtime = list(v["notes"]), None
+        if prof.delegate in FLOAT16_DELEGATES:
+            res["float16_activations"] = f16 = self.float16_sensitivity()
+            if f16.get("first_nonfinite"):
+                passed = res["passed"] = False
+                res["reasons"].append(
+                    f"the {prof.delegate} delegate computes in float16, and this model does not run in float16: "
+                    f"PyTorch in float16 gives inf/NaN first at {f16['first_nonfinite']}")
         if prof.browser_parity:
             res["browser"] = browser = self._browser_parity(prof, art.model, info, o)
             if browser.get("passed") is False:
@@ -162,6 +173,15 @@ class ModuleKind(ModelKind):
                 res["diagnosis"] = ("XNNPACK kernel noise: the reference kernels pass" if ok_ref else
                                     "conversion error: the float32 export departs from PyTorch on the reference kernels too")
         return Parity(figures=res, warnings=warnings, runtime=runtime)
+
+    def float16_sensitivity(self) -> dict:
+        """The model run in float16 by PyTorch against float32, as phone GPU delegates compute:
+        per output cosine/max_abs, the first layer whose output is inf/NaN, and the first whose
+        error exceeds FLOAT16_LOSSY (relative). Measured once per conversion."""
+        if self._f16 is None:
+            self._f16 = _float16_sensitivity(self.m.module, self.samples[:LOCALIZE_SAMPLES], self.ref,
+                                             self.output_names)
+        return self._f16
 
     def _run_xnnpack(self, model: bytes, info: ModelInfo) -> list:
         hit = self._xnnpack.get(id(model))
@@ -221,6 +241,47 @@ class ModuleKind(ModelKind):
                            for n, a in zip(m.input_names, m.sample_args)],
                 "output_names": m.output_names, "samples": len(self.samples), "sample_source": self.sample_source,
                 "notes": self.notes}
+
+
+def _float16_sensitivity(module: torch.nn.Module, samples, ref, names) -> dict:
+    bad: dict[str, str] = {}
+    rel: dict[str, float] = {}
+    order: list[str] = []
+    outs = []
+    try:
+        half = copy.deepcopy(module).half()
+        for s in samples:
+            args = [torch.from_numpy(np.asarray(x)) for x in s]
+            args16 = [a.half() if a.is_floating_point() else a for a in args]
+            want, got = parity.activations(module, args), parity.activations(half, args16)
+            for name, g in got.items():  # execution order
+                if name not in want:
+                    continue
+                order += [name] if name not in order else []
+                if not np.isfinite(g).all():
+                    bad.setdefault(name, "inf" if np.isinf(g).any() else "NaN")
+                else:
+                    w = want[name].astype(np.float64)
+                    norm = np.linalg.norm(w)
+                    err = float(np.linalg.norm(g - w) / norm) if norm > 0 else float(np.abs(g).max(initial=0) > 0)
+                    rel[name] = max(rel.get(name, 0.0), err)
+            with torch.no_grad():
+                outs.append([t.float().numpy() for t in flatten_outputs(half(*args16))])
+    except Exception as e:  # noqa: BLE001 - ops without a float16 CPU kernel in PyTorch: say so, judge nothing
+        return {"measured": False, "why": f"{type(e).__name__}: {first_line(e)}"}
+    per_output = {}
+    for k, name in enumerate(names):
+        g = [o[k] for o in outs]
+        m = parity.compare([r[k] for r in ref[:len(g)]], [np.nan_to_num(x) for x in g], classifier=False)
+        per_output[name] = {"finite": bool(all(np.isfinite(x).all() for x in g)), "cosine": m["cosine"],
+                            "max_abs": m["max_abs"]}
+    first_bad = next((n for n in order if n in bad), None)
+    if first_bad is None:
+        first_bad = next((f"output {n}" for n, v in per_output.items() if not v["finite"]), None)
+    lossy = next((n for n in order if rel.get(n, 0.0) > FLOAT16_LOSSY), None)
+    return {"measured": True, "runtime": "PyTorch eager in float16 (CPU), against float32", "outputs": per_output,
+            "first_nonfinite": (f"{first_bad} ({bad[first_bad]})" if first_bad in bad else first_bad),
+            "first_lossy": f"{lossy} (relative error {rel[lossy]:.3g})" if lossy else None, "layers_seen": len(order)}
 
 
 def _random_sample(m: LoadedModel, rng) -> list[np.ndarray]:

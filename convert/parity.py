@@ -176,7 +176,8 @@ def _graph_activations(gm: torch.fx.GraphModule, args) -> dict[str, np.ndarray]:
     return acts
 
 
-def _torch_activations(module: torch.nn.Module, args) -> dict[str, np.ndarray]:
+def activations(module: torch.nn.Module, args) -> dict[str, np.ndarray]:
+    """Each submodule's output (float32 numpy), in execution order, keyed by module path."""
     if isinstance(module, torch.fx.GraphModule) and any(
             n.meta.get("nn_module_stack") for n in module.graph.nodes):
         try:
@@ -247,7 +248,7 @@ def _fused_modules(info: ModelInfo, op: dict, path: str) -> list[str]:
 
 def _layer_errors(module, sample, model, info) -> list[dict]:
     args = [torch.from_numpy(np.asarray(x)) for x in sample]
-    acts = _torch_activations(module, args)
+    acts = activations(module, args)
     runner = LitertRunner(model, info, reference=True, preserve_all=True)
     runner.run(list(sample))
     layers = []

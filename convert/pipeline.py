@@ -1,12 +1,16 @@
 """`convert(...)`: one PyTorch model -> a checked LiteRT artifact per target.
 
 detect the model's kind (kinds.py) -> refuse options that do not apply to it
--> load -> one float export -> per target, the same steps for every kind:
-derive the variant, check compatibility (checks.py), run parity on the
-target's runtime, localize a failure, measure latency -> write everything in
-a staging folder and move it into place. Targets that fail keep their
-artifact only under DIR/<target>/failed/, so a valid-looking
-DIR/<target>/model.tflite always passed its checks.
+-> load -> one float export -> the float32 gate: that export's own parity,
+judged as desktop (every variant derives from it, so a mismatch fails every
+target as a conversion error) -> per target, the same steps for every kind:
+for each precision the profile allows (kind.candidates), derive the variant,
+check compatibility (checks.py), run parity on the target's runtime, measure
+latency; ship the candidate that passes parity and the checks, then is
+fastest; localize a failure -> write everything in a staging folder and move
+it into place. Targets that fail keep their artifact only under
+DIR/<target>/failed/, so a valid-looking DIR/<target>/model.tflite always
+passed its checks.
 """
 
 from __future__ import annotations
@@ -168,6 +172,8 @@ class _Run:
     variants: dict[str, Artifact] = dataclasses.field(default_factory=dict)
     parities: dict[tuple[str, bool, str], Parity] = dataclasses.field(default_factory=dict)
     latencies: dict[str, dict] = dataclasses.field(default_factory=dict)
+    gate: str | None = None  # the profile the float32 export was judged as; its target inherits the gate's timings
+    gate_timings: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def variant(self, precision: str, clock: _Clock) -> Artifact:
         if precision not in self.variants:
@@ -208,7 +214,8 @@ def _float_gate(run: _Run, prof: TargetProfile | None) -> Parity | None:
     if prof is None:
         return None
     run.say(f"float32 export: parity on {prof.runtime} (every target derives from it)")
-    clock = _Clock({})
+    run.gate = prof.name
+    clock = _Clock(run.gate_timings)
     art = run.variant("float32", clock)
     try:
         return run.parity(prof, "float32", art, inspect_model(art.model), clock)
@@ -299,6 +306,8 @@ def _gated(prof: TargetProfile, run: _Run, gate: Parity) -> TargetResult:
 def _attempt(prof: TargetProfile, precision: str, run: _Run) -> TargetResult:
     """One candidate precision on one target: variant, checks, parity, latency."""
     r = TargetResult(target=prof.name, quantization=precision, runtime=prof.runtime_note)
+    if precision == "float32" and prof.name == run.gate:
+        r.timings_s.update(run.gate_timings)  # its variant and parity ran as the float32 gate
     clock = _Clock(r.timings_s)
     try:
         art = r.artifact = run.variant(precision, clock)

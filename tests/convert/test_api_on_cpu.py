@@ -122,3 +122,39 @@ def test_precision_chosen_by_measurement_and_precision_loss_diagnosed(tmp_path):
     diag = android.metrics["diagnosis"]
     assert diag.startswith("precision loss (float16): the float32 export matches PyTorch")
     assert android.metrics["vs_float"]["cosine"] < 0.5 and diag in android.reasons
+
+
+class _Overflows16(torch.nn.Module):
+    """Fine in float32; its scaled-up middle overflows float16's 65504 on a phone GPU."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.out = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+        self.up, self.down = _Scale(1e5), _Scale(1e-5)
+
+    def forward(self, x):
+        return self.out(self.down(self.up(self.inp(x))))
+
+
+class _Scale(torch.nn.Module):
+    def __init__(self, k: float):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x):
+        return x * self.k
+
+
+def test_float16_activation_sensitivity(tmp_path):
+    result = tc.convert(_Overflows16().eval(), (torch.randn(1, 8),), targets="desktop,android", out=tmp_path / "d",
+                        samples=4, latency=False)
+    assert result["desktop"].passed and not result["android"].passed and result.exit_code == 4
+    f16 = result["android"].metrics["float16_activations"]
+    assert f16["measured"] and f16["first_nonfinite"] == "up (inf)" and not f16["outputs"]["output_0"]["finite"]
+    assert any("does not run in float16" in e and "first at up (inf)" in e for e in result["android"].reasons)
+    assert "float16_activations" not in result["desktop"].metrics  # CPU float32 target: not judged
+    ok = tc.convert(_net(), (torch.randn(1, 16),), targets="android", out=tmp_path / "e", samples=4, latency=False)
+    f16 = ok["android"].metrics["float16_activations"]
+    assert ok.passed and f16["first_nonfinite"] is None and f16["outputs"]["output_0"]["cosine"] > 0.999
+    assert f16["layers_seen"] == 3  # Linear, ReLU, Linear
