@@ -8,6 +8,8 @@
 #   3. bench/kernels.py --quick --device cuda             (kernels vs torch, peak memory,
 #                                                          the Llama training step)
 #   4. tpu-pipeline train --recipe digits_cnn --device cuda
+#   5. tpu-pipeline train --recipe arith_lm --device cuda --kernels pallas, 30 steps and a
+#      200-problem held-out eval (the run path with the Llama kernels, not its accuracy)
 #
 #   bash bench/gpu_check.sh            # results in ./gpu-check/
 #   OUT=/some/dir bash bench/gpu_check.sh
@@ -41,11 +43,14 @@ step() {  # step NAME LIMIT_S COMMAND...
     "$PY" -c "import torch, jax; print('torch', torch.__version__, 'cuda', torch.version.cuda); print('jax', jax.__version__, jax.devices())" 2>&1
 } | tee "$OUT/environment.txt"
 
-step install 60 "$PY" -m pip install -q --no-deps --no-build-isolation -e .
-step gpu_tests 170 "$PY" -m pytest -q -rA -p no:cacheprovider tests/kernels/test_native_gpu.py \
+# Limits add up to 480 s; the steps are expected to take well under them.
+step install 40 "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+step gpu_tests 150 "$PY" -m pytest -q -rA -p no:cacheprovider tests/kernels/test_native_gpu.py \
     --junitxml="$OUT/gpu_tests.xml"
-step bench_kernels 210 "$PY" bench/kernels.py --quick --device cuda --out "$OUT/kernels.json"
-step train_digits_cnn 60 "$PY" -m tpu_pipeline train --recipe digits_cnn --device cuda --out "$OUT/runs/digits_cnn"
+step bench_kernels 200 "$PY" bench/kernels.py --quick --device cuda --out "$OUT/kernels.json"
+step train_digits_cnn 45 "$PY" -m tpu_pipeline train --recipe digits_cnn --device cuda --out "$OUT/runs/digits_cnn"
+step train_arith_lm_pallas 45 "$PY" -m tpu_pipeline train --recipe arith_lm --device cuda --kernels pallas \
+    --steps 30 --set arith.n_heldout=200 --set arith.pass_k=0 --out "$OUT/runs/arith_lm"
 
 cat "$SUMMARY"
 exit "$FAILED"
