@@ -8,6 +8,7 @@ distribution that was sampled (as VeRL's actor computes them).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,16 @@ class Rollout:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
 
 
+def _last_logits_only(model) -> dict:
+    """`logits_to_keep=1` where the model takes it: a prefill needs only the last position's
+    logits, and all of them are (prompts, P, V) floats, GBs for a 150k vocabulary."""
+    forward = getattr(model, "forward", None)
+    try:
+        return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(forward).parameters else {}
+    except (TypeError, ValueError):
+        return {}
+
+
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -54,7 +65,8 @@ def generate(model, prompt_ids: list[list[int]], *, n: int, max_new_tokens: int,
     prompts, pmask = left_pad(prompt_ids, pad_id)
     prompts, pmask = prompts.to(device), pmask.to(device)
     # Prefill each distinct prompt once, then copy its KV cache to its n samples.
-    out = model(input_ids=prompts, attention_mask=pmask, position_ids=positions(pmask), use_cache=True)
+    out = model(input_ids=prompts, attention_mask=pmask, position_ids=positions(pmask), use_cache=True,
+                **_last_logits_only(model))
     cache = out.past_key_values
     logits = out.logits[:, -1, :]
     if n > 1:
@@ -132,7 +144,7 @@ def grouped_token_logprobs(model, prompts: torch.Tensor, prompt_mask: torch.Tens
     R = responses.shape[1]
     up, um = prompts[::n], prompt_mask[::n]
     pos = positions(um)
-    out = model(input_ids=up, attention_mask=um, position_ids=pos, use_cache=True)
+    out = model(input_ids=up, attention_mask=um, position_ids=pos, use_cache=True, **_last_logits_only(model))
     cache = out.past_key_values
     cache.batch_repeat_interleave(n)
     first = out.logits[:, -1:, :].repeat_interleave(n, 0)
