@@ -95,12 +95,15 @@ def run_case(zoo, family: str, kv: str, work: Path) -> dict:
         row[precision] = {"size_bytes": len(b), **{k: par[k] for k in (
             "generation_agreement", "near_ties", "agreement_with_near_ties", "first_generation_divergence",
             "logit_max_abs", "tokenizer_agreement")}}
-        if precision == "float32":
-            row["litert_lm_speed"] = litertlm.latency(b, zoo.PROMPTS[1], NEW_TOKENS, work / "speed",
-                                                      max_num_tokens=CACHE, threads=1)
+    # Speed on the prompt the model continues longest (random weights often stop at EOS early;
+    # litert_lm cannot be told to go on past it), the same token count on both sides.
     with litertlm.BundleRunner(work / "float32" / litertlm.BUNDLE_FILE, max_num_tokens=CACHE) as r:
-        prompt_ids = r.prompt_ids(zoo.PROMPTS[1])
-    row["torch_speed"] = torch_speed(model, prompt_ids, NEW_TOKENS)
+        lengths = {p: len(r.generate_pieces(p, NEW_TOKENS)) for p in zoo.PROMPTS}
+        prompt = max(zoo.PROMPTS, key=lambda p: lengths[p])
+        prompt_ids = r.prompt_ids(prompt)
+    row["litert_lm_speed"] = litertlm.latency(bundle, prompt, NEW_TOKENS, work / "speed", max_num_tokens=CACHE,
+                                              threads=1)
+    row["torch_speed"] = torch_speed(model, prompt_ids, max(2, lengths[prompt]))
     row["status"] = "ok" if row["float32"]["generation_agreement"] == 1.0 else "parity failed"
     return row
 

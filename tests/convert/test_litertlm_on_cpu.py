@@ -109,10 +109,45 @@ def test_dynamic_int8_bundle_is_smaller_and_judged_by_near_ties(llama):
 
 
 @pytest.mark.slow
-def test_gemma_multi_query_bundle_generates_like_transformers(tmp_path_factory):
-    folder, model, bundle, work = _export(tmp_path_factory, "gemma", kv_heads=1)
-    got = _parity(folder, model, bundle, work / "float")
-    assert got["generation_agreement"] == 1.0, got["first_generation_divergence"]
+def test_convert_gemma_multi_query_ships_the_bundle_and_generate_runs_it(tmp_path):
+    """A family beyond the decode-ready export (Gemma, one kv head) through `tpu-pipeline convert`:
+    the target folder holds model.litertlm (and its own graph as model.tflite), parity ran on
+    litert_lm, and `generate` answers through LiteRT-LM; the reference client says why it cannot."""
+    import json
+
+    from click.testing import CliRunner
+
+    from tpu_pipeline.cli import cli
+
+    folder = save_family("gemma", tmp_path / "gemma", kv_heads=1)
+    (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    out = tmp_path / "dist"
+    r = CliRunner().invoke(cli, ["convert", str(folder), "--targets", "desktop", "--out", str(out), "--prompts",
+                                 str(tmp_path / "prompts.txt"), "--max-len", str(CACHE), "--prefill-len", "16"])
+    assert r.exit_code == 0, r.output
+    report = json.loads((out / "report.json").read_text())
+    t = report["targets"]["desktop"]
+    assert t["passed"] and t["runtime"] == litertlm.RUNTIME
+    assert t["parity"]["generation_agreement"] == 1.0 and t["parity"]["prompts"] == len(PROMPTS)
+    assert t["parity"]["litert_lm"]["tokenizer_agreement"] == 1.0
+    assert "not gemma" in report["notes"][0]
+    d = out / "desktop"
+    assert {"model.litertlm", "model.tflite", "tokenizer.json", "model.json"} <= {p.name for p in d.iterdir()}
+    assert not (d / "lm.json").exists()
+    meta = json.loads((d / "model.json").read_text())
+    assert meta["kind"] == "litert-lm-bundle" and meta["litertlm"]["cache_length"] == CACHE
+    assert t["latency_ms"]["litert_lm"]["decode_tokens_per_s"] > 0
+    model = load_hf_causal_lm(folder)
+    prompt = PROMPTS[0]
+    ids = _char_tokenizer().encode(prompt).ids
+    ref = litertlm.greedy_reference(model, ids, 8, eos_token_ids(model), 0).ids
+    body = ref[:-1] if ref and ref[-1] in eos_token_ids(model) else ref
+    g = CliRunner().invoke(cli, ["generate", str(out), "--prompt", prompt, "--max-new-tokens", "8", "--json"])
+    assert g.exit_code == 0, g.output
+    assert json.loads(g.output) == {"prompt": prompt, "runtime": "litert-lm",
+                                    "text": _char_tokenizer().decode(body, skip_special_tokens=False)}
+    g = CliRunner().invoke(cli, ["generate", str(out), "--prompt", prompt, "--runtime", "reference"])
+    assert g.exit_code == 2 and "use --runtime litert-lm" in g.output
 
 
 def test_export_failure_is_a_conversion_error_naming_the_cause(tmp_path, monkeypatch):
