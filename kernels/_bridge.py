@@ -10,6 +10,9 @@ torch.compile (through the fake implementations) see ordinary ops. Tensors
 cross to JAX and back through DLPack without copies (contiguous inputs); on
 CPU the kernels run in Pallas interpret mode; on a TPU they go through
 torch.tpu.pallas.jax_op (see _tpu.py).
+
+Block sizes: each op picks its configuration from _config for the tensors'
+device (an H200's on CPU); explicit block_* arguments (0 = none) override it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tpu_pipeline.kernels import _config as C
 from tpu_pipeline.kernels import _logprobs as L
 from tpu_pipeline.kernels import _rmsnorm as R
 from tpu_pipeline.kernels import _tpu
+
 
 @functools.lru_cache(maxsize=None)
 def _cuda_device(index: int) -> C.Device:

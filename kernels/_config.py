@@ -5,7 +5,10 @@ unit-tested on a machine without the accelerator it is meant for.
 
 Why these numbers
 -----------------
-GPU (Pallas lowers through Triton). Three hard limits and one soft one:
+GPU: Pallas lowers through Triton (_common.call passes Triton's launch
+parameters, which also pins that backend: JAX 0.10 would otherwise pick Mosaic
+GPU, which cannot lower these kernels' row reductions). Three hard limits and
+one soft one:
   - shared memory per program: 227 KiB on sm_90 (H100/H200; Triton reported
     "available: 232448" on an H200), 163 KiB on sm_80, 99 KiB on sm_86/89/120.
     What a kernel needs is estimated by `*.onchip_bytes` (model below) and
@@ -16,17 +19,21 @@ GPU (Pallas lowers through Triton). Three hard limits and one soft one:
     side >= 16;
   - registers (soft): a float32 tile of R x C elements spread over
     32 * num_warps threads costs R*C / (32*num_warps) registers a thread;
-    above ~128 Triton spills. That is why rms_norm takes a few rows per
-    program at D=4096, not 64 (64 x 4096 floats spilled: 4% of bandwidth).
-Shared-memory model (an upper bound, not Triton's exact allocator): every
+    above ~128 Triton spills. So rms_norm takes a few rows per program at
+    D=4096; the old 64 x 4096 tile (2048 floats a thread) is the likely
+    reason it reached 4% of the H200's bandwidth.
+Shared-memory model (meant as an upper bound; Triton's allocator decides): every
 operand of a tl.dot inside a pipelined loop is staged `num_stages` times;
 a tile that changes layout (scores feeding a reduction or a second dot)
-passes once through shared memory. The GPU check prints the estimates
-next to the kernels' timings.
+passes once through shared memory. On a GPU, bench/kernels.py prints the
+estimate next to the shared memory Triton reports for each compiled kernel.
 
 TPU (Mosaic). Blocks live in VMEM, double-buffered by the pipeline; the
 budget is the default scoped VMEM limit (16 MiB on v4/v5e/v5p; v6e has 32).
-Blocks prefer multiples of 128 lanes. Not measured on a TPU here.
+Blocks prefer multiples of 128 lanes. Not measured on a TPU here, and the
+estimates count only the tiles: the whole-array blocks some kernels take (the
+weight in linear_token_logprobs, K/V in attention) must fit VMEM as well,
+which bounds V x H on a TPU until those kernels walk the weight by grid.
 
 Interpret mode (CPU) runs the GPU configuration of an H200 by default, so the
 CPU tests exercise the very block shapes the GPU compiles.
