@@ -41,7 +41,7 @@ from tpu_pipeline.convert.quantize import quantize
 from tpu_pipeline.errors import ConversionError, UserError
 
 __all__ = ["BUNDLE_FILE", "RUNTIME", "BundleRunner", "bundle_parity", "bundle_tflite", "bundle_variant",
-           "check_family", "export_bundle", "latency", "verdict"]
+           "check_family", "export_bundle", "latency", "repack", "verdict"]
 EXPORT_TIMEOUT_S = 900
 
 # model_type -> what export_hf + litert_lm were verified on here (bench/lm_families.py,
@@ -123,9 +123,15 @@ def bundle_variant(bundle: bytes, precision: str) -> bytes:
     if precision == "static_int8":
         raise ConversionError("static int8 of a KV-cache LM needs calibration, which is not built; "
                               "use a float or dynamic int8 profile")
+    return repack(bundle, quantize(bundle_tflite(bundle), precision, None, signature="decode"))
+
+
+def repack(bundle: bytes, tflite: bytes) -> bytes:
+    """The bundle with its prefill/decode .tflite replaced by `tflite` (litert-lm-builder);
+    metadata and tokenizer unchanged."""
     with tempfile.TemporaryDirectory(prefix="tpu-pipeline-litertlm-") as tmp:
-        toml_path, tflite = _unpacked(bundle, Path(tmp))
-        tflite.write_bytes(quantize(tflite.read_bytes(), precision, None, signature="decode"))
+        toml_path, path = _unpacked(bundle, Path(tmp))
+        path.write_bytes(tflite)
         out = Path(tmp) / "out.litertlm"
         litert_lm_builder.pack(str(toml_path), str(out))
         return out.read_bytes()
