@@ -43,6 +43,9 @@ class ModelKind(abc.ABC):
     app_files: ClassVar[bool] = True
     # Whether explain_failure() can name where a failed artifact departs from PyTorch.
     localizes: ClassVar[bool] = False
+    # Whether a failed quantized variant may be rebuilt with its diverging layers kept in float
+    # (explain_failure + variant_keeping_float; the pipeline's accuracy-aware rounds).
+    refines: ClassVar[bool] = False
 
     @staticmethod
     @abc.abstractmethod
@@ -79,6 +82,11 @@ class ModelKind(abc.ABC):
     @abc.abstractmethod
     def variant(self, float_model: Artifact, precision: str) -> Artifact:
         """The `precision` variant of the float export; ConversionError if it cannot be made."""
+
+    def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str]) -> Artifact:
+        """The `precision` variant with the ops named by `scopes` (their output tensor names) left in
+        float32; only kinds with `refines` implement it."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def parity(self, profile: TargetProfile, art: Artifact, info: ModelInfo, options: ConvertOptions, work: Path,

@@ -39,6 +39,7 @@ class ModuleKind(ModelKind):
     name = "module"
     noun = "this model"
     localizes = True
+    refines = True
     refused_options = {"prompts": LM_ONLY, "lm_max_len": LM_ONLY, "lm_prefill_len": LM_ONLY}
 
     def __init__(self, m: LoadedModel, samples: list[list[np.ndarray]], sample_source: str,
@@ -118,6 +119,9 @@ class ModuleKind(ModelKind):
 
     def variant(self, float_model: Artifact, precision: str) -> Artifact:
         return Artifact(model=quantize(float_model.model, precision, self.calib))
+
+    def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str]) -> Artifact:
+        return Artifact(model=quantize(float_model.model, precision, self.calib, keep_float=scopes))
 
     def parity(self, prof: TargetProfile, art: Artifact, info: ModelInfo, o: ConvertOptions, work: Path,
                say: Progress) -> Parity:
@@ -243,17 +247,65 @@ class ModuleKind(ModelKind):
                 "notes": self.notes}
 
 
+def _to_f16(t):
+    """A float tensor rounded to float16 and back (values beyond float16's range become inf)."""
+    return t.half().float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+
+def _float16_run(module: torch.nn.Module, args) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
+    """The model with float16 storage emulated: weights, inputs and every layer's output rounded to
+    float16, arithmetic in float32 (PyTorch's float16 CPU kernels are too slow to run here; phone
+    GPU delegates store activations in float16). -> (outputs, each layer's rounded output)."""
+    m = copy.deepcopy(module)
+    with torch.no_grad():
+        for p in list(m.parameters()) + list(m.buffers()):
+            if p.is_floating_point():
+                p.copy_(_to_f16(p))
+    acts: dict[str, np.ndarray] = {}
+    args = [_to_f16(a) for a in args]
+    if isinstance(m, torch.fx.GraphModule) and any(n.meta.get("nn_module_stack") for n in m.graph.nodes):
+        class Rounding(torch.fx.Interpreter):
+            def run_node(self, n):
+                out = super().run_node(n)
+                if n.op != "call_function" or not isinstance(out, torch.Tensor) or not out.is_floating_point():
+                    return out
+                out = _to_f16(out)
+                for path, _type in (n.meta.get("nn_module_stack") or {}).values():
+                    acts[parity.stack_path(path)] = out.numpy()
+                return out
+
+        with torch.no_grad():
+            out = Rounding(m).run(*args)
+        return flatten_outputs(out), acts
+
+    def hook(_m, _i, out, name):
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            out = _to_f16(out)
+            acts[name] = out.numpy()
+            return out
+        return None
+
+    hs = [sub.register_forward_hook(lambda mod, i, o, name=name: hook(mod, i, o, name))
+          for name, sub in m.named_modules() if name]
+    try:
+        with torch.no_grad():
+            out = m(*args)
+    finally:
+        for h in hs:
+            h.remove()
+    return [_to_f16(t) for t in flatten_outputs(out)], acts
+
+
 def _float16_sensitivity(module: torch.nn.Module, samples, ref, names) -> dict:
     bad: dict[str, str] = {}
     rel: dict[str, float] = {}
     order: list[str] = []
     outs = []
     try:
-        half = copy.deepcopy(module).half()
         for s in samples:
             args = [torch.from_numpy(np.asarray(x)) for x in s]
-            args16 = [a.half() if a.is_floating_point() else a for a in args]
-            want, got = parity.activations(module, args), parity.activations(half, args16)
+            want = parity.activations(module, args)
+            got_out, got = _float16_run(module, args)
             for name, g in got.items():  # execution order
                 if name not in want:
                     continue
@@ -265,9 +317,8 @@ def _float16_sensitivity(module: torch.nn.Module, samples, ref, names) -> dict:
                     norm = np.linalg.norm(w)
                     err = float(np.linalg.norm(g - w) / norm) if norm > 0 else float(np.abs(g).max(initial=0) > 0)
                     rel[name] = max(rel.get(name, 0.0), err)
-            with torch.no_grad():
-                outs.append([t.float().numpy() for t in flatten_outputs(half(*args16))])
-    except Exception as e:  # noqa: BLE001 - ops without a float16 CPU kernel in PyTorch: say so, judge nothing
+            outs.append([t.numpy() for t in got_out])
+    except Exception as e:  # noqa: BLE001 - a graph the emulation cannot run: say so, judge nothing
         return {"measured": False, "why": f"{type(e).__name__}: {first_line(e)}"}
     per_output = {}
     for k, name in enumerate(names):
@@ -279,7 +330,8 @@ def _float16_sensitivity(module: torch.nn.Module, samples, ref, names) -> dict:
     if first_bad is None:
         first_bad = next((f"output {n}" for n, v in per_output.items() if not v["finite"]), None)
     lossy = next((n for n in order if rel.get(n, 0.0) > FLOAT16_LOSSY), None)
-    return {"measured": True, "runtime": "PyTorch eager in float16 (CPU), against float32", "outputs": per_output,
+    return {"measured": True, "runtime": "PyTorch, float16 storage emulated (weights, inputs and each layer's output "
+            "rounded to float16; arithmetic in float32)", "outputs": per_output,
             "first_nonfinite": (f"{first_bad} ({bad[first_bad]})" if first_bad in bad else first_bad),
             "first_lossy": f"{lossy} (relative error {rel[lossy]:.3g})" if lossy else None, "layers_seen": len(order)}
 

@@ -27,6 +27,7 @@ class ConvertOptions:
     min_cosine: float | None = None
     seed: int = 0
     latency: bool = True
+    refine_rounds: int = 4               # accuracy-aware rounds for a failed quantized variant (0: off)
     profile_dir: str | Path | None = None
     prompts: str | Path | None = None    # LMs: text file, one parity prompt per line (default: random tokens)
     lm_max_len: int | None = None        # LMs: KV-cache length (default: min(max_position_embeddings, 256))
@@ -36,4 +37,5 @@ class ConvertOptions:
 # ConvertOptions field -> the CLI flag users know it by
 FLAGS = {"input_shapes": "--input-shape", "model_class": "--model-class", "model_kwargs": "--model-kwargs",
          "trust_pickle": "--trust-pickle", "calib": "--calib", "eval_data": "--eval-data", "prompts": "--prompts",
-         "lm_max_len": "--max-len", "lm_prefill_len": "--prefill-len", "latency": "--no-latency"}
+         "lm_max_len": "--max-len", "lm_prefill_len": "--prefill-len", "latency": "--no-latency",
+         "refine_rounds": "--refine-rounds"}

@@ -146,7 +146,7 @@ def tolerances(profile: TargetProfile, atol=None, rtol=None, min_cosine=None) ->
             "elementwise": bool(profile.check_abs or atol is not None or rtol is not None)}
 
 
-def _stack_path(path: str) -> str:
+def stack_path(path: str) -> str:
     """nn_module_stack paths as module paths: "L['self'].blocks.3" / "L__self___blocks_3" styles
     come from older torch.export; this torch writes "blocks.3"."""
     for prefix in ("L['self'].", "L['self']"):
@@ -167,8 +167,8 @@ def _graph_activations(gm: torch.fx.GraphModule, args) -> dict[str, np.ndarray]:
             stack = n.meta.get("nn_module_stack") if n.op == "call_function" else None
             if stack and isinstance(out, torch.Tensor) and out.is_floating_point():
                 for path, _type in stack.values():
-                    if _stack_path(path):
-                        acts[_stack_path(path)] = out.detach().float().numpy()
+                    if stack_path(path):
+                        acts[stack_path(path)] = out.detach().float().numpy()
             return out
 
     with torch.no_grad():

@@ -193,7 +193,8 @@ class _Run:
 
     def latency(self, precision: str, art: Artifact, info, clock: _Clock) -> dict:
         if precision not in self.latencies:
-            self.say(f"latency of the {precision} artifact on ai-edge-litert")
+            label = precision.split("+")[0] + (" (layers kept in float32)" if "+float:" in precision else "")
+            self.say(f"latency of the {label} artifact on ai-edge-litert")
             with clock("latency"):
                 self.latencies[precision] = self.model.latency(art, info, self.work)
         return self.latencies[precision]
@@ -258,7 +259,52 @@ def _target(prof: TargetProfile, run: _Run, gate: Parity | None) -> TargetResult
         run.say(f"{prof.name}: {winner.quantization} ({why})")
     if not winner.passed and winner.failure == "parity":
         _diagnose(winner, run)
+        if run.model.refines and winner.quantization != "float32" and run.o.refine_rounds > 0:
+            winner = _refine(prof, winner, run)
     return winner
+
+
+def _refine(prof: TargetProfile, failed: TargetResult, run: _Run) -> TargetResult:
+    """Accuracy-aware quantization: keep the first diverging layer of the failed variant in
+    float32, rebuild the variant from the float export, judge it again; repeat until it passes
+    or run.o.refine_rounds run out. Returns the passing variant, else `failed` with the rounds
+    recorded."""
+    kept: list[tuple[str, str]] = []  # (module path, op scope)
+    cur, rounds = failed, []
+    for _ in range(run.o.refine_rounds):
+        loc = (cur.parity or {}).get("first_divergence")
+        if not loc:
+            break
+        op = cur.info.ops[loc["op_index"]]
+        scope = ";".join(cur.info.tensors[i]["name"] for i in op["outputs"])
+        if any(scope == s for _, s in kept):
+            break  # that layer is already float: the loss comes from elsewhere or from float16 itself
+        kept.append((loc["module"], scope))
+        run.say(f"{prof.name}: {failed.quantization} missed its bound; keeping {loc['module']} in float32")
+        cur = _attempt(prof, failed.quantization, run, tuple(s for _, s in kept))
+        rounds.append({"kept": loc["module"], "passed": cur.passed, "cosine": (cur.parity or {}).get("cosine_mean"),
+                       "size_bytes": cur.size_bytes})
+        if not cur.passed and cur.failure == "parity" and run.model.localizes and cur.artifact is not None:
+            loc = run.model.explain_failure(cur.artifact, cur.info)
+            if loc:
+                cur.parity["first_divergence"] = loc
+        if cur.passed or cur.failure != "parity":
+            break
+    if not rounds:
+        return failed
+    summary = {"layers": [m for m, _ in kept], "rounds": rounds, "passed": cur.passed,
+               "bytes_added": (cur.size_bytes or 0) - (failed.size_bytes or 0),
+               "latency_ms_before": failed.latency, "latency_ms_after": cur.latency}
+    if cur.passed:
+        cur.kept_float = summary
+        cur.candidates, cur.chosen_because = failed.candidates, (
+            f"{failed.quantization} missed its bound; passes with {', '.join(summary['layers'])} kept in float32 "
+            f"(+{summary['bytes_added']} bytes)")
+        cur.warnings.append(cur.chosen_because)
+        return cur
+    failed.kept_float = summary
+    failed.errors.append(f"kept {', '.join(summary['layers'])} in float32 over {len(rounds)} rounds; still fails")
+    return failed
 
 
 PREFER_MARGIN = 0.10  # latency noise on shared cores: a later-listed precision must be 10% faster to win
@@ -303,14 +349,19 @@ def _gated(prof: TargetProfile, run: _Run, gate: Parity) -> TargetResult:
     return r.fail("parity", msg)
 
 
-def _attempt(prof: TargetProfile, precision: str, run: _Run) -> TargetResult:
-    """One candidate precision on one target: variant, checks, parity, latency."""
+def _attempt(prof: TargetProfile, precision: str, run: _Run, keep_float: tuple[str, ...] = ()) -> TargetResult:
+    """One candidate precision on one target: variant, checks, parity, latency. keep_float: op
+    scopes left in float32 (accuracy-aware rounds); the variant is cached under its own key."""
     r = TargetResult(target=prof.name, quantization=precision, runtime=prof.runtime_note)
     if precision == "float32" and prof.name == run.gate:
         r.timings_s.update(run.gate_timings)  # its variant and parity ran as the float32 gate
     clock = _Clock(r.timings_s)
+    key = precision if not keep_float else f"{precision}+float:" + "|".join(keep_float)
     try:
-        art = r.artifact = run.variant(precision, clock)
+        if keep_float and key not in run.variants:
+            with clock("quantize"):
+                run.variants[key] = run.model.variant_keeping_float(run.float_model, precision, list(keep_float))
+        art = r.artifact = run.variant(key if keep_float else precision, clock)
         r.info, r.size_bytes = inspect_model(art.model), len(art.model)
         run.say(f"{prof.name}: compatibility checks ({precision})")
         with clock("checks"):
@@ -319,14 +370,14 @@ def _attempt(prof: TargetProfile, precision: str, run: _Run) -> TargetResult:
         r.warnings += comp.warnings
         if not comp.passed:
             return r.fail("compatibility", *comp.violations)
-        par = run.parity(prof, precision, art, r.info, clock)
+        par = run.parity(prof, key, art, r.info, clock)
         r.parity, r.passed = dict(par.figures), par.passed
         r.warnings += par.warnings
         r.runtime = par.runtime or r.runtime
         if not r.passed:
             r.fail("parity", *par.reasons)
         if run.o.latency:
-            r.latency_ms = run.latency(precision, art, r.info, clock)
+            r.latency_ms = run.latency(key, art, r.info, clock)
     except ConversionError as e:
         r.fail("conversion", str(e))
     return r

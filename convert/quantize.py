@@ -7,6 +7,9 @@ activations from calibration inputs and gives int8 model inputs/outputs.
 
 from __future__ import annotations
 
+import re
+from typing import Sequence
+
 import numpy as np
 from ai_edge_quantizer import quantizer, recipe
 
@@ -27,12 +30,17 @@ def recipe_for(precision: str):
 
 
 def quantize(float_model: bytes, precision: str, calibration: list[dict[str, np.ndarray]] | None = None,
-             signature: str = "serving_default") -> bytes:
+             signature: str = "serving_default", keep_float: Sequence[str] = ()) -> bytes:
+    """keep_float: op scopes (an op's output tensor names, as ai-edge-quantizer matches them)
+    left in float32: a per-op no_quantize entry after the precision's recipe (the last match wins)."""
     if precision == "float32":
         return float_model
+    # the quantizer's scope is the output names joined by ';' with a trailing ';'
+    rec = list(recipe_for(precision)) + [{"regex": "^" + re.escape(scope) + ";$", "operation": "*",
+                                          "algorithm_key": "no_quantize", "op_config": {}} for scope in keep_float]
     try:
         with quiet_native():
-            q = quantizer.Quantizer(bytearray(float_model), recipe_for(precision))
+            q = quantizer.Quantizer(bytearray(float_model), rec)
             result = None
             if q.need_calibration:
                 result = q.calibrate({signature: calibration or []}, num_threads=2)

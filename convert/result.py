@@ -60,6 +60,7 @@ class TargetResult:
     firmware: dict | None = None
     candidates: list[dict] | None = None  # every precision measured for this target (when more than one)
     chosen_because: str | None = None    # why this precision won
+    kept_float: dict | None = None       # accuracy-aware rounds: layers kept in float32 and what it cost
     artifact: Artifact | None = None     # the bytes written to the target folder
     info: ModelInfo | None = None
 
@@ -101,7 +102,8 @@ class TargetResult:
              "latency_ms": self.latency_ms, "timings_s": self.timings_s}
         optional = {"compatibility": self.compatibility, "failure": self.failure, "artifact": self.artifact_path,
                     "sha256": self.sha256, "app_snippet": self.app_snippet, "firmware": self.firmware,
-                    "candidates": self.candidates, "chosen_because": self.chosen_because}
+                    "candidates": self.candidates, "chosen_because": self.chosen_because,
+                    "kept_float": self.kept_float}
         d.update({k: v for k, v in optional.items() if v is not None})
         return d
 

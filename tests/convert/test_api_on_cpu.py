@@ -158,3 +158,45 @@ def test_float16_activation_sensitivity(tmp_path):
     f16 = ok["android"].metrics["float16_activations"]
     assert ok.passed and f16["first_nonfinite"] is None and f16["outputs"]["output_0"]["cosine"] > 0.999
     assert f16["layers_seen"] == 3  # Linear, ReLU, Linear
+
+
+class _Hostile(torch.nn.Module):
+    """fc2 is hostile to int8: an outlier weight per output channel (on an input that is always 0)
+    sets each channel's int8 scale, and every other weight rounds to 0."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2, self.fc3 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 10)
+        with torch.no_grad():
+            self.fc1.weight[0], self.fc1.bias[0] = 0.0, -1.0  # channel 0 is 0 after ReLU
+            self.fc2.weight[:, 0] = 100.0
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+def test_accuracy_aware_quantization_keeps_the_hostile_layer_in_float(tmp_path):
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for f in (Path(tc.__file__).parent / "targets").glob("*.toml"):
+        text = f.read_text()
+        if f.stem == "web":  # dynamic int8 only, and no browser run: the rounds are what is tested
+            text = text.replace('precisions = ["float16", "dynamic_int8"]', 'precisions = ["dynamic_int8"]')
+            text = text.replace("browser_parity = true", "browser_parity = false")
+        (profiles / f.name).write_text(text)
+    net, x = _Hostile().eval(), (torch.randn(1, 32),)
+    off = tc.convert(net, x, targets="web", out=tmp_path / "off", profile_dir=profiles, refine_rounds=0)
+    web = off["web"]
+    assert not web.passed and web.metrics["cosine_mean"] < 0.9 and web.kept_float is None
+    assert web.metrics["first_divergence"]["module"] == "fc2"
+    on = tc.convert(net, x, targets="web", out=tmp_path / "on", profile_dir=profiles)
+    web = on["web"]
+    assert on.passed and web.precision == "dynamic_int8" and web.metrics["cosine_mean"] > 0.999
+    kept = web.kept_float
+    assert kept["layers"] == ["fc2"] and kept["passed"] and len(kept["rounds"]) == 1
+    # fc2's 4096 weights in float32 instead of int8: ~3 bytes more each, less their int8 scales
+    assert 2.5 * 64 * 64 < kept["bytes_added"] == web.size_bytes - off["web"].size_bytes <= 3 * 64 * 64
+    assert kept["latency_ms_after"] > 0 and "fc2 kept in float32" in web.chosen_because
+    report = json.loads((tmp_path / "on" / "report.json").read_text())
+    assert report["targets"]["web"]["kept_float"]["layers"] == ["fc2"]

@@ -25,6 +25,9 @@ from tpu_pipeline.cli import EXIT_CODES_HELP
 @click.option("--rtol", type=float, default=None, help="Override the targets' relative tolerance.")
 @click.option("--min-cosine", type=float, default=None, help="Override the targets' minimum cosine similarity.")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--refine-rounds", type=click.IntRange(0, 16), default=4, show_default=True,
+              help="A quantized variant that misses its bound is rebuilt with its first diverging layer kept in "
+                   "float32, up to this many rounds (0: off).")
 @click.option("--no-latency", is_flag=True, help="Skip the latency measurement (LMs: ms per generated token).")
 @click.option("--profile-dir", type=click.Path(), default=None, help="Folder of target profile TOML files to use instead.")
 @click.option("--prompts", type=click.Path(), default=None,
@@ -35,7 +38,7 @@ from tpu_pipeline.cli import EXIT_CODES_HELP
               help="LMs: tokens per prefill call [default: min(32, max-len)].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_pickle, calib, eval_data, samples,
-            atol, rtol, min_cosine, seed, no_latency, profile_dir, prompts, lm_max_len, lm_prefill_len, as_json):
+            atol, rtol, min_cosine, seed, refine_rounds, no_latency, profile_dir, prompts, lm_max_len, lm_prefill_len, as_json):
     """Convert MODEL to LiteRT artifacts for each target and check each on its runtime.
 
     MODEL: a torch.export archive (.pt2), a tpu-pipeline model.pt, a state_dict
@@ -53,7 +56,7 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
                      progress=lambda msg: click.echo(f"  {msg}", err=True),
                      input_shapes=tuple(input_shapes), model_class=model_class, model_kwargs=model_kwargs,
                      trust_pickle=trust_pickle, eval_data=eval_data, samples=samples, atol=atol, rtol=rtol,
-                     min_cosine=min_cosine, seed=seed, latency=not no_latency, profile_dir=profile_dir,
+                     min_cosine=min_cosine, seed=seed, refine_rounds=refine_rounds, latency=not no_latency, profile_dir=profile_dir,
                      prompts=prompts, lm_max_len=lm_max_len, lm_prefill_len=lm_prefill_len)
     if as_json:
         click.echo(json.dumps(result.report, indent=2, default=str))
