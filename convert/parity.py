@@ -25,7 +25,7 @@ def _cosines(rf: np.ndarray, gf: np.ndarray) -> np.ndarray:
     scale = np.maximum(np.abs(rf).max(1, initial=0.0), np.abs(gf).max(1, initial=0.0))
     scale[scale == 0] = 1.0
     r, g = rf / scale[:, None], gf / scale[:, None]
-    nr, ng = np.linalg.norm(r, axis=1), np.linalg.norm(g, axis=1)
+    nr, ng = np.sqrt((r * r).sum(1)), np.sqrt((g * g).sum(1))
     cos = np.empty(len(r))
     both, one = (nr == 0) & (ng == 0), (nr == 0) ^ (ng == 0)
     ok = ~(both | one)
@@ -271,7 +271,8 @@ def _layer_errors(module, sample, model, info) -> list[dict]:
         aligned = _align(val, ref)
         if aligned is None:
             continue
-        rel = min(float(np.linalg.norm(aligned - r) / (np.linalg.norm(r) + EPS)) for r in _fused_variants(ref))
+        rel = min(float(np.sqrt(((aligned - r) ** 2).sum()) / (np.sqrt((r * r).sum()) + EPS))
+                  for r in _fused_variants(ref))
         row = {"module": path, "op": op["op"], "op_index": op["index"], "rel_err": rel}
         fused = _fused_modules(info, op, path)
         if fused:
