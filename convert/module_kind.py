@@ -175,7 +175,8 @@ class ModuleKind(ModelKind):
                 ok_ref, _ = parity.judge(self._compare(prof, o, ref[:len(got_ref)], got_ref), prof,
                                          atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
                 res["diagnosis"] = ("XNNPACK kernel noise: the reference kernels pass" if ok_ref else
-                                    "conversion error: the float32 export departs from PyTorch on the reference kernels too")
+                                    "conversion error: the float32 export departs from PyTorch on the reference "
+                                    "kernels too")
         return Parity(figures=res, warnings=warnings, runtime=runtime)
 
     def float16_sensitivity(self) -> dict:
@@ -317,7 +318,8 @@ def _float16_sensitivity(module: torch.nn.Module, samples, ref, names) -> dict:
                     w = want[name].astype(np.float64)
                     # sums, not np.linalg.norm: BLAS threads spin on a shared machine (3 s for 144 norms here)
                     norm = np.sqrt((w * w).sum())
-                    err = float(np.sqrt(((g - w) ** 2).sum()) / norm) if norm > 0 else float(np.abs(g).max(initial=0) > 0)
+                    diff = float(np.sqrt(((g - w) ** 2).sum()))
+                    err = diff / norm if norm > 0 else float(np.abs(g).max(initial=0) > 0)
                     rel[name] = max(rel.get(name, 0.0), err)
             outs.append([t.numpy() for t in got_out])
     except Exception as e:  # noqa: BLE001 - a graph the emulation cannot run: say so, judge nothing

@@ -219,9 +219,17 @@ def _float_gate(run: _Run, prof: TargetProfile | None) -> Parity | None:
     clock = _Clock(run.gate_timings)
     art = run.variant("float32", clock)
     try:
-        return run.parity(prof, "float32", art, inspect_model(art.model), clock)
+        info = inspect_model(art.model)
+        gate = run.parity(prof, "float32", art, info, clock)
     except ConversionError:
         return None  # the float artifact does not run at all; each target reports it below
+    if not gate.passed and run.model.localizes:
+        run.say("float32 export: parity failed; localizing the first diverging layer")
+        with clock("localize"):
+            loc = run.model.explain_failure(art, info)
+        if loc:
+            gate.figures["first_divergence"] = loc
+    return gate
 
 
 def _gate_json(prof: TargetProfile | None, gate: Parity | None) -> dict | None:
@@ -337,8 +345,10 @@ def _choose(tries: list[TargetResult]) -> tuple[TargetResult, str]:
 
 
 def _gated(prof: TargetProfile, run: _Run, gate: Parity) -> TargetResult:
-    msg = (f"conversion error: the float32 export does not match PyTorch ({gate.reasons[0] if gate.reasons else 'parity failed'}); "
-           "every target derives from it")
+    why = gate.reasons[0] if gate.reasons else "parity failed"
+    loc = gate.figures.get("first_divergence")
+    where = f"; first diverging layer: {loc['module']}" if loc else ""
+    msg = f"conversion error: the float32 export does not match PyTorch ({why}{where}); every target derives from it"
     precision = run.model.candidates(prof)[0]
     if (prof.name, prof.browser_parity, "float32") in run.parities and precision == "float32":
         r = _attempt(prof, "float32", run)  # the gate's own target: its artifact and figures go under failed/
@@ -388,13 +398,16 @@ def _diagnose(r: TargetResult, run: _Run) -> None:
     p = r.parity or {}
     if r.quantization != "float32" and "vs_float" in p:
         vf = p["vs_float"]
-        p["diagnosis"] = (f"precision loss ({r.quantization}): the float32 export matches PyTorch; this variant departs "
-                          f"from it (cosine {vf['cosine']:.6f}, max_abs {vf['max_abs']:.3g} vs the float32 artifact)")
+        p["diagnosis"] = (f"precision loss ({r.quantization}): the float32 export matches PyTorch; this variant "
+                          f"departs from it (cosine {vf['cosine']:.6f}, max_abs {vf['max_abs']:.3g} vs the float32 "
+                          "artifact)")
         r.errors.append(p["diagnosis"])
     if run.model.localizes and r.artifact is not None:
-        run.say(f"{r.target}: parity failed; localizing the first diverging layer")
-        with _Clock(r.timings_s)("localize"):
-            loc = run.model.explain_failure(r.artifact, r.info)
+        loc = p.get("first_divergence")  # the float32 gate localized its own failure already
+        if loc is None:
+            run.say(f"{r.target}: parity failed; localizing the first diverging layer")
+            with _Clock(r.timings_s)("localize"):
+                loc = run.model.explain_failure(r.artifact, r.info)
         if loc:
             p["first_divergence"] = loc
             fused = f" fused with {loc['fused_with']}" if loc.get("fused_with") else ""

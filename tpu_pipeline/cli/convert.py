@@ -9,7 +9,9 @@ import click
 from tpu_pipeline.cli import EXIT_CODES_HELP
 
 
-@click.command(epilog=EXIT_CODES_HELP + " With --json the report is printed before a failing exit.")
+@click.command(epilog=EXIT_CODES_HELP + " With several targets the worst kind decides: 4 (an artifact computes "
+               "wrong numbers) beats 3 (a target has no usable artifact: conversion, size, ops, arena); each target's "
+               "line says its own. With --json the report is printed before a failing exit.")
 @click.argument("model", type=click.Path())
 @click.option("--targets", default="all", show_default=True, help="all, or a comma list of android,ios,desktop,web,iot.")
 @click.option("--out", type=click.Path(), default=None, help="Output folder [default: dist/<model stem>/].")
@@ -38,7 +40,8 @@ from tpu_pipeline.cli import EXIT_CODES_HELP
               help="LMs: tokens per prefill call [default: min(32, max-len)].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_pickle, calib, eval_data, samples,
-            atol, rtol, min_cosine, seed, refine_rounds, no_latency, profile_dir, prompts, lm_max_len, lm_prefill_len, as_json):
+            atol, rtol, min_cosine, seed, refine_rounds, no_latency, profile_dir, prompts, lm_max_len, lm_prefill_len,
+            as_json):
     """Convert MODEL to LiteRT artifacts for each target and check each on its runtime.
 
     MODEL: a torch.export archive (.pt2), a tpu-pipeline model.pt, a state_dict
@@ -56,8 +59,8 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
                      progress=lambda msg: click.echo(f"  {msg}", err=True),
                      input_shapes=tuple(input_shapes), model_class=model_class, model_kwargs=model_kwargs,
                      trust_pickle=trust_pickle, eval_data=eval_data, samples=samples, atol=atol, rtol=rtol,
-                     min_cosine=min_cosine, seed=seed, refine_rounds=refine_rounds, latency=not no_latency, profile_dir=profile_dir,
-                     prompts=prompts, lm_max_len=lm_max_len, lm_prefill_len=lm_prefill_len)
+                     min_cosine=min_cosine, seed=seed, refine_rounds=refine_rounds, latency=not no_latency,
+                     profile_dir=profile_dir, prompts=prompts, lm_max_len=lm_max_len, lm_prefill_len=lm_prefill_len)
     if as_json:
         click.echo(json.dumps(result.report, indent=2, default=str))
     else:
