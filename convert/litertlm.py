@@ -41,7 +41,7 @@ from tpu_pipeline.convert.quantize import quantize
 from tpu_pipeline.errors import ConversionError, UserError
 
 __all__ = ["BUNDLE_FILE", "RUNTIME", "BundleRunner", "bundle_parity", "bundle_tflite", "bundle_variant",
-           "check_family", "export_bundle", "latency", "repack", "verdict"]
+           "check_family", "decode_logits", "export_bundle", "latency", "repack", "verdict"]
 EXPORT_TIMEOUT_S = 900
 
 # model_type -> what export_hf + litert_lm were verified on here (bench/lm_families.py,
@@ -161,9 +161,9 @@ def greedy_reference(model: torch.nn.Module, prompt_ids: list[int], max_new_toke
     return Reference(prompt_ids, gen, gaps)
 
 
-def decode_logit_error(tflite: bytes, model: torch.nn.Module, sequences: list[list[int]]) -> float | None:
-    """Max |logit - PyTorch logit| of the bundle's .tflite, fed each sequence one token at a time
-    through its `decode` signature (teacher-forced), on ai-edge-litert. None when the signature has
+def decode_logits(tflite: bytes, sequences: list[list[int]]) -> list[np.ndarray] | None:
+    """Logits [len(seq), vocab] of the bundle's .tflite for each sequence, fed one token at a time
+    through its `decode` signature (teacher-forced) on ai-edge-litert. None when the signature has
     inputs beyond tokens/input_pos/mask/kv caches (e.g. a separate sliding-window mask)."""
     interp = Interpreter(model_content=tflite, num_threads=1)
     runner = interp.get_signature_runner("decode")
@@ -172,19 +172,31 @@ def decode_logit_error(tflite: bytes, model: torch.nn.Module, sequences: list[li
     if set(details) - set(state_names) != {"tokens", "input_pos", "mask"}:
         return None
     mask_shape = details["mask"]["shape"]
-    worst = 0.0
+    result = []
     for seq in sequences:
-        if len(seq) > mask_shape[-1]:
-            seq = seq[:mask_shape[-1]]
-        with torch.no_grad():
-            ref = model(torch.tensor([seq])).logits[0].float().numpy()
         state = {n: np.zeros(details[n]["shape"], details[n]["dtype"]) for n in state_names}
-        for pos, token in enumerate(seq):
+        rows = []
+        for pos, token in enumerate(seq[:mask_shape[-1]]):
             mask = np.full(mask_shape, -np.inf, np.float32)
             mask[..., :pos + 1] = 0.0
             out = runner(tokens=np.array([[token]], np.int32), input_pos=np.array([pos], np.int32), mask=mask, **state)
             state = {n: out[n] for n in state_names}
-            worst = max(worst, float(np.abs(out["logits"].reshape(-1) - ref[pos]).max()))
+            rows.append(out["logits"].reshape(-1))
+        result.append(np.stack(rows))
+    return result
+
+
+def decode_logit_error(tflite: bytes, model: torch.nn.Module, sequences: list[list[int]]) -> float | None:
+    """Max |logit - PyTorch logit| of the bundle's .tflite over `sequences`, teacher-forced
+    (decode_logits). None when the signature cannot be driven that way."""
+    got = decode_logits(tflite, sequences)
+    if got is None:
+        return None
+    worst = 0.0
+    for seq, logits in zip(sequences, got):
+        with torch.no_grad():
+            ref = model(torch.tensor([seq[:len(logits)]])).logits[0].float().numpy()
+        worst = max(worst, float(np.abs(logits - ref).max()))
     return worst
 
 
