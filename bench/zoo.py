@@ -137,7 +137,8 @@ def run_bare(name: str, size: str, path: Path, timeout: float) -> dict:
 def measured_tree() -> dict:
     """Which tpu_pipeline the CLI runs (a worktree when measuring an older commit) and its commit."""
     code = "import pathlib, tpu_pipeline.convert.pipeline as p; print(pathlib.Path(p.__file__).resolve())"
-    where = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
+    # cwd away from the repo: `python -c` puts cwd first on sys.path, the CLI's script does not
+    where = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/").stdout.strip()
     folder = Path(where).parent if where else REPO
     def git(*a):
         return subprocess.run(["git", "-C", str(folder), *a], capture_output=True, text=True).stdout.strip()
@@ -208,7 +209,7 @@ def markdown(results: dict) -> str:
         c = r.get("convert") or {}
         ts = c.get("targets") or {}
         if not ts and c:
-            row = [f"exit {c.get('exit')}: {c.get('error')}"] + [""] * (len(TARGETS) - 1)
+            row = [f"**no report** (exit {c.get('exit')}): {_short(c.get('error'), 120)}"] + [""] * (len(TARGETS) - 1)
         else:
             row = [cell(ts.get(n)) for n in TARGETS]
         b = r.get("bare")
