@@ -2,8 +2,12 @@
 (classifiers, encoders, a Hugging Face LM's fixed-length forward), exported
 once with litert-torch and judged output by output: cosine, elementwise
 tolerance, top-1 agreement for class scores, on XNNPACK with the reference
-kernels beside it (TFLM for iot, LiteRT.js in Chromium for web). A failed
-target names the first PyTorch layer whose output diverges."""
+kernels beside the float32 export (TFLM for iot, LiteRT.js in Chromium for
+web); a quantized variant is also compared with the float32 artifact, to tell
+precision loss from conversion error. Targets whose delegate computes in
+float16 (android, ios) get the float16-activation sensitivity. A failed target
+names the first PyTorch layer whose output diverges; a failed quantized variant
+can be rebuilt with that layer kept in float32 (variant_keeping_float)."""
 
 from __future__ import annotations
 
