@@ -267,9 +267,28 @@ def _target(prof: TargetProfile, run: _Run, gate: Parity | None) -> TargetResult
         run.say(f"{prof.name}: {winner.quantization} ({why})")
     if not winner.passed and winner.failure == "parity":
         _diagnose(winner, run)
-        if run.model.refines and winner.quantization != "float32" and run.o.refine_rounds > 0:
+        p = winner.parity or {}
+        precision_loss = str(p.get("diagnosis", "")).startswith("precision loss") and not (
+            p.get("float16_activations") or {}).get("first_nonfinite")  # inf in float16: no layer choice fixes it
+        if run.model.refines and precision_loss and run.o.refine_rounds > 0:
             winner = _refine(prof, winner, run)
     return winner
+
+
+def _most_harmful_layer(r: TargetResult, kept: set[str]) -> tuple[str, str] | None:
+    """(module, op scope) of the layer that adds the most error (the largest rise of relative error
+    over the layer before it, in execution order), not yet kept in float. Quantization error
+    accumulates over layers, so the first layer past a threshold is often not the one to blame."""
+    loc = (r.parity or {}).get("first_divergence")
+    if not loc or r.info is None:
+        return None
+    rows, prev, best = sorted(loc.get("layers") or [loc], key=lambda x: x["op_index"]), 0.0, None
+    for row in rows:
+        rise, prev = row["rel_err"] - prev, row["rel_err"]
+        scope = ";".join(r.info.tensors[i]["name"] for i in r.info.ops[row["op_index"]]["outputs"])
+        if scope not in kept and (best is None or rise > best[0]):
+            best = (rise, row["module"], scope)
+    return (best[1], best[2]) if best and best[0] > 0 else None
 
 
 def _refine(prof: TargetProfile, failed: TargetResult, run: _Run) -> TargetResult:
@@ -280,17 +299,13 @@ def _refine(prof: TargetProfile, failed: TargetResult, run: _Run) -> TargetResul
     kept: list[tuple[str, str]] = []  # (module path, op scope)
     cur, rounds = failed, []
     for _ in range(run.o.refine_rounds):
-        loc = (cur.parity or {}).get("first_divergence")
-        if not loc:
-            break
-        op = cur.info.ops[loc["op_index"]]
-        scope = ";".join(cur.info.tensors[i]["name"] for i in op["outputs"])
-        if any(scope == s for _, s in kept):
-            break  # that layer is already float: the loss comes from elsewhere or from float16 itself
-        kept.append((loc["module"], scope))
-        run.say(f"{prof.name}: {failed.quantization} missed its bound; keeping {loc['module']} in float32")
+        pick = _most_harmful_layer(cur, {s for _, s in kept})
+        if pick is None:
+            break  # nothing left to keep in float: the loss comes from elsewhere
+        kept.append(pick)
+        run.say(f"{prof.name}: {failed.quantization} missed its bound; keeping {pick[0]} in float32")
         cur = _attempt(prof, failed.quantization, run, tuple(s for _, s in kept))
-        rounds.append({"kept": loc["module"], "passed": cur.passed, "cosine": (cur.parity or {}).get("cosine_mean"),
+        rounds.append({"kept": pick[0], "passed": cur.passed, "cosine": (cur.parity or {}).get("cosine_mean"),
                        "size_bytes": cur.size_bytes})
         if not cur.passed and cur.failure == "parity" and run.model.localizes and cur.artifact is not None:
             loc = run.model.explain_failure(cur.artifact, cur.info)
