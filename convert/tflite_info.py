@@ -14,6 +14,8 @@ import re
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 
+from tpu_pipeline.errors import ConversionError
+
 
 @dataclasses.dataclass(kw_only=True)
 class IOTensor:
@@ -49,7 +51,13 @@ def _suffix_num(key: str) -> tuple:
 
 
 def inspect_model(model: bytes) -> ModelInfo:
-    it = Interpreter(model_content=model)
+    try:
+        it = Interpreter(model_content=model)
+    except ValueError as e:
+        # Seen: ai-edge-quantizer's static int8 of a ConvNeXt wrote per-axis scales on a
+        # per-layer tensor; the interpreter refuses such a file. That target fails, not the call.
+        first = " ".join(str(e).split())[:300]
+        raise ConversionError(f"the artifact does not load in the LiteRT interpreter: {first}") from None
     sig = it._get_full_signature_list()["serving_default"] if "serving_default" in it.get_signature_list() else None
     in_det, out_det = it.get_input_details(), it.get_output_details()
     tensors = {}

@@ -14,7 +14,8 @@ from tpu_pipeline.convert import load_model, load_profiles
 from tpu_pipeline.convert import reference_models as R
 from tpu_pipeline.convert.loaders import parse_input_shape
 from tpu_pipeline.convert.targets import resolve_targets
-from tpu_pipeline.errors import UserError
+from tpu_pipeline.convert.tflite_info import inspect_model
+from tpu_pipeline.errors import ConversionError, UserError
 
 from .helpers import RM, Touch, hf_llama, manifest
 
@@ -191,3 +192,10 @@ def test_manifest_calibration_inputs_feed_calibration_and_held_out_parity(tmp_pa
     torch.save(obj, p)
     with pytest.raises(UserError, match="calibration_inputs"):
         load_model(p)
+
+
+def test_an_artifact_the_interpreter_refuses_is_a_conversion_error():
+    """A variant LiteRT cannot load (seen: static int8 of ConvNeXt) fails its target with
+    exit 3 instead of ending the whole call with an unexpected ValueError."""
+    with pytest.raises(ConversionError, match="does not load in the LiteRT interpreter"):
+        inspect_model(b"0" * 64)
