@@ -37,7 +37,7 @@ demo: install
 	rm -rf runs/demo/grpo_math
 	$(BIN)/tpu-pipeline rl --recipe grpo_math --out runs/demo/grpo_math --time-budget 120
 	$(BIN)/tpu-pipeline convert runs/demo/grpo_math/policy --out dist/demo/grpo_math
-	# the GRPO policy answers through its LiteRT artifact, without PyTorch
+	# the GRPO policy answers through its .litertlm bundle on the LiteRT-LM runtime, without PyTorch
 	$(BIN)/tpu-pipeline generate dist/demo/grpo_math/desktop --prompt "3+4-2=" --max-new-tokens 8
 
 # Import layers (pyproject [tool.importlinter]); a violation fails `make test`.
