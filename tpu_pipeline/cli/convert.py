@@ -98,16 +98,19 @@ def _status(t: dict) -> str:
 
 
 def _print_lm_table(report: dict) -> None:
-    click.echo(f"{'target':<8} {'status':<6} {'quantization':<13} {'bytes':>9} {'greedy agree':>12} {'browser':>8} "
+    click.echo(f"{'target':<8} {'status':<6} {'quantization':<13} {'bytes':>9} {'greedy agree':>12} {'litert-lm':>9} "
+               f"{'browser':>8} "
                f"{'cos(min)':>10} {'max_abs':>9} {'ms/token':>8} {'torch':>7}")
     for name, t in report["targets"].items():
         p = t.get("parity") or {}
         b = p.get("browser") or {}
         browser = f"{b['generation_agreement']:.2f}" if "generation_agreement" in b else ("skipped" if b else "-")
         agree = f"{p['generation_agreement']:.2f}" if "generation_agreement" in p else "-"
+        bundle = p.get("litert_lm") or {}
+        on_lm = f"{bundle['agreement_with_near_ties']:.2f}" if "agreement_with_near_ties" in bundle else "-"
         lat = t.get("latency_ms") or {}
-        click.echo(f"{name:<8} {'ok' if t['passed'] else 'FAIL':<6} {t['quantization']:<13} {t['size_bytes'] or 0:>9} "
-                   f"{agree:>12} {browser:>8} {p.get('cosine', float('nan')):>10.6f} {p.get('max_abs', float('nan')):>9.3g} "
+        click.echo(f"{name:<8} {_status(t):<6} {t['quantization']:<13} {t['size_bytes'] or 0:>9} "
+                   f"{agree:>12} {on_lm:>9} {browser:>8} {p.get('cosine', float('nan')):>10.6f} {p.get('max_abs', float('nan')):>9.3g} "
                    f"{lat.get('artifact') or float('nan'):>8.3f} {lat.get('torch_eager') or float('nan'):>7.3f}")
     for name, why in report.get("skipped_targets", {}).items():
         click.echo(f"{name:<8} skipped: {why}")
