@@ -156,7 +156,7 @@ class JaxCalls:
         return outputs + temp
 
     def blocks(self) -> list[str]:
-        """The block configuration of each call and its estimated shared memory (kernels/_config.py)."""
+        """The block configuration of each call and its estimated shared memory (kernels/_blocks.py)."""
         rows = set()
         for fn, tensors, static in self.calls:
             cfg = static.get("cfg")

@@ -119,7 +119,7 @@ def linear_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: to
     over slices of H) and never exist at once.
 
     hidden [..., H], weight [V, H] (an nn.Linear's weight), labels [...] -> [...] float32.
-    Block sizes default to the device's configuration (kernels/_config.py); the
+    Block sizes default to the device's configuration (kernels/_blocks.py); the
     block_* arguments override it (powers of two; >= 16 on a GPU).
     """
     if hidden.shape[:-1] != labels.shape or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:

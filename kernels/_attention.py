@@ -15,7 +15,7 @@ Backward (FlashAttention-2 style, recomputing probabilities from the saved
 log-sum-exp): one kernel per query block for dq, one per key block for dk and
 dv (per key/value head, summing over the query heads of its group in registers).
 
-Block sizes, warps and pipeline stages come from _config per device, head dim
+Block sizes, warps and pipeline stages come from _blocks per device, head dim
 and direction (forward 128x64, backward 64x64 on an H100/H200 at d <= 128).
 """
 
@@ -30,7 +30,7 @@ from jax.experimental import pallas as pl
 
 from tpu_pipeline.kernels._common import (NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, feature_dim, kernel_jit,
                                          pad_axis, read_row_scalar, round_up, row_scalars_spec)
-from tpu_pipeline.kernels._config import AttentionBlocks, fit_block
+from tpu_pipeline.kernels._blocks import AttentionBlocks, fit_block
 
 
 def _mask(rows, cols, *, start, sk, offset, causal: bool):

@@ -11,7 +11,7 @@ cross to JAX and back through DLPack without copies (contiguous inputs); on
 CPU the kernels run in Pallas interpret mode; on a TPU they go through
 torch.tpu.pallas.jax_op (see _tpu.py).
 
-Block sizes: each op picks its configuration from _config for the tensors'
+Block sizes: each op picks its configuration from _blocks for the tensors'
 device (an H200's on CPU); explicit block_* arguments (0 = none) override it.
 """
 
@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from tpu_pipeline.kernels import _attention as A
-from tpu_pipeline.kernels import _config as C
+from tpu_pipeline.kernels import _blocks as C
 from tpu_pipeline.kernels import _logprobs as L
 from tpu_pipeline.kernels import _rmsnorm as R
 from tpu_pipeline.kernels import _tpu

@@ -21,7 +21,7 @@ d^T @ h into d weight, slice by slice of H:
   - without atomics (TPU, or asked for): one kernel per row block owns its rows
     of d hidden, one per vocabulary block its rows of d weight; each recomputes
     the logits (4 matmuls' work), deterministic.
-Block sizes come from _config (per device; see there for why).
+Block sizes come from _blocks (per device; see there for why).
 
 Labels < 0 (padding, e.g. -100) give 0 and no gradient.
 """
@@ -36,7 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from tpu_pipeline.kernels._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, kernel_jit, pad_axis, round_up
-from tpu_pipeline.kernels._config import LinearLogprobsBlocks, VocabBlocks
+from tpu_pipeline.kernels._blocks import LinearLogprobsBlocks, VocabBlocks
 
 try:
     from jax.experimental.pallas import triton as plgpu

@@ -1,7 +1,7 @@
 """RMSNorm forward and backward as Pallas kernels over blocks of rows.
 
 Memory-bound: each pass should read and write every element once. Forward:
-one program per block of rows (a few rows at D=4096, see _config: a wider
+one program per block of rows (a few rows at D=4096, see _blocks: a wider
 tile spills registers), the whole feature dim at once; it writes y and the
 per-row 1/rms that the backward reuses instead of a second reduction.
 Backward: a fixed number of programs (a few per SM) each walks its share of
@@ -20,7 +20,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from tpu_pipeline.kernels._common import acc_dtype, call, feature_dim, kernel_jit, pad_axis, round_up
-from tpu_pipeline.kernels._config import RowBlocks
+from tpu_pipeline.kernels._blocks import RowBlocks
 
 
 def _fwd_kernel(x_ref, w_ref, y_ref, rstd_ref, *, eps: float, d: int):

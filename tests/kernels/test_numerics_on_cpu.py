@@ -154,7 +154,7 @@ def test_linear_token_logprobs_with_the_h200_blocks(atomics, dtype, gen, monkeyp
     128-wide vocabulary tiles, 64/32-wide hidden slices, the atomic backward), run in
     interpret mode at a size with several H slices (H=96 -> 2-3 slices, padded),
     several vocabulary tiles (V=300 -> 3, the last ragged) and padded rows (N=40)."""
-    from tpu_pipeline.kernels import _bridge, _config as C, _logprobs as L
+    from tpu_pipeline.kernels import _bridge, _blocks as C, _logprobs as L
 
     n, hd, v = 40, 96, 300
     seen = []

@@ -25,7 +25,7 @@ from jax._src.lib import version as jaxlib_version
 from jax._src.pallas.triton import pallas_call_registration as triton_registration
 
 from tpu_pipeline.kernels import _attention as A
-from tpu_pipeline.kernels import _config as C
+from tpu_pipeline.kernels import _blocks as C
 from tpu_pipeline.kernels import _logprobs as L
 from tpu_pipeline.kernels import _rmsnorm as R
 

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from tpu_pipeline.kernels import _config as C
+from tpu_pipeline.kernels import _blocks as C
 
 H200_SMEM = 227 * 1024  # 232448 bytes: what Triton reported as available on an H200
 
