@@ -236,8 +236,9 @@ class ModuleKind(ModelKind):
 
     def model_json(self, r: TargetResult) -> dict:
         m, info = self.m, r.info
-        ins = [{"name": n, **t.to_json()} for n, t in zip(m.input_names, info.inputs)]
-        outs = [{"name": n, **t.to_json()} for n, t in zip(m.output_names or [], info.outputs)]
+        # info is None when the interpreter refused the artifact: its model.json still says why.
+        ins = [{"name": n, **t.to_json()} for n, t in zip(m.input_names, info.inputs)] if info else []
+        outs = [{"name": n, **t.to_json()} for n, t in zip(m.output_names or [], info.outputs)] if info else []
         return {"format": "tpu-pipeline/litert-artifact@1", "target": r.target, "passed": r.passed,
                 "quantization": r.quantization, "runtime": r.runtime, "size_bytes": r.size_bytes,
                 "sha256": r.sha256, "signature": "serving_default", "inputs": ins, "outputs": outs,
