@@ -82,9 +82,11 @@ class CountdownSource:
         return self._pool
 
     def fresh(self, n: int, seed: int) -> list[Problem]:
-        """Problems from a generator seed of the caller's choice (for `eval --seed`)."""
-        return [to_problem(p) for p in countdown.make_problems(n, seed % countdown.HELDOUT_SEED,
-                                                               difficulty=self.difficulty)]
+        """Problems for a seed of the caller's choice (`eval --seed`): generator seeds training
+        and the held-out split never use, and no prompt of the warm start's seed-0 pool (the
+        problem space is small: ~2,600 distinct prompts in 4,000 draws)."""
+        seen = countdown.make_problems(self.pool_n, 0, difficulty=self.difficulty)
+        return [to_problem(p) for p in countdown.fresh_problems(n, seed, difficulty=self.difficulty, exclude=seen)]
 
     def train_batch(self, step: int, n: int, seed: int) -> list[Problem]:
         """`n` prompts of the pool for `step` (a seeded draw: the batch depends only on (seed, step))."""

@@ -162,6 +162,22 @@ def heldout_problems(n: int, *, difficulty: Difficulty = DEFAULT_DIFFICULTY,
     return out
 
 
+def fresh_problems(n: int, seed: int, *, difficulty: Difficulty = DEFAULT_DIFFICULTY,
+                   exclude: Sequence[Problem] | None = None) -> list[Problem]:
+    """`n` problems for a seed of the caller's choice (`eval --seed`), from generator seeds
+    neither training (< HELDOUT_SEED) nor the held-out split use, prompts in `exclude` dropped."""
+    seen = {p.prompt for p in exclude or ()}
+    out: list[Problem] = []
+    for attempt in range(10):
+        for p in _generate(max(n, 64), 2 * HELDOUT_SEED + (10 * seed + attempt) * SEED_STRIDE, difficulty):
+            if p.prompt not in seen:
+                seen.add(p.prompt)
+                out.append(p)
+                if len(out) == n:
+                    return out
+    return out
+
+
 @functools.lru_cache(maxsize=1)
 def _verifier():
     # heavy: see _generate

@@ -14,6 +14,7 @@ from tpu_pipeline.cli import cli
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.rl import countdown as rl_countdown
 from tpu_pipeline.rl.config import load_recipe
+from tpu_pipeline.rl.data import TASK_SOURCES
 from tpu_pipeline.rl.rewards import GuardedReward
 from tpu_pipeline.train import arith, countdown
 
@@ -72,7 +73,7 @@ def test_source_keeps_held_out_prompts_out_of_training():
     assert other.heldout() == src.heldout()  # the held-out split does not move with the seed
 
 
-def test_grpo_countdown_three_steps_and_eval_with_a_seed(tmp_path, tiny_policy):
+def test_grpo_countdown_three_steps_and_eval_with_a_seed(tmp_path, tiny_policy, monkeypatch):
     out = tmp_path / "run"
     args = ["rl", "--recipe", "grpo_countdown", "--out", str(out), "--policy", str(tiny_policy), "--steps", "3"]
     for k, v in FAST.items():
@@ -84,11 +85,17 @@ def test_grpo_countdown_three_steps_and_eval_with_a_seed(tmp_path, tiny_policy):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     # a random policy earns the verifier's 0.01 (no expression) or 0.05 (wrong one) per sample
     assert all(0.01 <= r["reward"] < 0.5 for r in rows)
+    # eval has no --set: its source gets the small pool the run used (fresh problems exclude it)
+    monkeypatch.setitem(TASK_SOURCES, "countdown", lambda d, seed: rl_countdown.CountdownSource(
+        rl_countdown.difficulty(d), d.heldout_n, seed, FAST["data.pool_size"]))
     res = CliRunner().invoke(cli, ["eval", "--recipe", "grpo_countdown", "--policy", str(out / "policy"),
                                    "--seed", "7", "--n", "12", "--k", "0", "--json"])
     assert res.exit_code == 0, res.output
     got = json.loads(res.output[res.output.index("{"):])
     assert got["split"] == "fresh(seed=7)" and got["n"] == 12 and 0.0 <= got["accuracy"] <= 1.0
+    src = rl_countdown.CountdownSource(countdown.Difficulty(), 16, 0, FAST["data.pool_size"])
+    fresh = {p.prompt for p in src.fresh(12, 7)}
+    assert len(fresh) == 12 and not fresh & {p.prompt for p in countdown.make_problems(64, 0)}
 
 
 def test_warm_start_is_countdown_lm_and_its_adam_state_is_carried(tmp_path):
