@@ -1,7 +1,7 @@
 """grpo_countdown's task in rl: reasoning-gym countdown problems as VeRL rows, the
 verifier as the reward, and the supervised control of its report.
 
-    tpu-pipeline rl --recipe grpo_countdown        # CPU: ~12 min on an idle box, warm start included
+    tpu-pipeline rl --recipe grpo_countdown        # CPU: ~10 min, warm start included
 
 Rows: prompt `"2 7 4#1="` (tpu_pipeline.train.countdown, the warm start's own
 format), ground_truth the target, extra_info the numbers, data_source

@@ -30,10 +30,10 @@ def test_cost_fields_load_through_the_typed_recipes():
     from tpu_pipeline.train.runner import load_recipe as load_train
 
     cfg = load_recipe("grpo_countdown")
-    assert cfg.expected_minutes_cpu == 12.0
+    assert cfg.expected_minutes_cpu == 10.4
     assert "expected_minutes_cpu" not in fingerprint(cfg)  # a cost estimate never blocks a --resume
     _, r = load_train("countdown_lm")
-    assert r.expected_minutes_cpu == 7.0 and r.expected_minutes_gpu == 0.0
+    assert r.expected_minutes_cpu == 3.1 and r.expected_minutes_gpu == 0.0
 
 
 def test_cost_text():
