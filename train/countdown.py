@@ -34,6 +34,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from tpu_pipeline import config
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.files import atomic_write_json
 from tpu_pipeline.train.arith import IGNORE
@@ -75,12 +76,8 @@ class Difficulty:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Difficulty":
-        """From a recipe's difficulty table; unknown keys are refused."""
-        valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(d) - set(valid))
-        if unknown:
-            raise UserError(f"unknown countdown difficulty key {unknown[0]!r}; valid: {', '.join(valid)}")
-        return cls(**d)
+        """From a recipe's difficulty table, through the one config system (unknown keys refused)."""
+        return config.build(cls, dict(d), "countdown difficulty")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

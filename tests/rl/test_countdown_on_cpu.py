@@ -54,7 +54,7 @@ def test_problems_come_from_reasoning_gym_and_are_cached(tmp_path):
     assert all(countdown.score(p.solution, p.numbers, p.target) == 1.0 for p in ps)
     countdown._generate.cache_clear()
     assert countdown.make_problems(40, seed=3) == ps  # read back from $TPU_PIPELINE_HOME/data
-    with pytest.raises(UserError, match="unknown countdown difficulty key 'max_digits'"):
+    with pytest.raises(UserError, match="countdown difficulty: unknown key 'max_digits'"):
         countdown.Difficulty.from_dict({"max_digits": 2})
     with pytest.raises(UserError, match="need 1 <= min_value <= max_value"):
         countdown.Difficulty(min_value=5, max_value=2)
@@ -113,7 +113,7 @@ def test_warm_start_is_countdown_lm_and_its_adam_state_is_carried(tmp_path):
 
 @pytest.mark.parametrize("override,match", [
     ({"data.difficulty": {"max_value": 0}}, "data.difficulty: countdown difficulty: need 1 <= min_value <= max_value"),
-    ({"data.difficulty": {"terms": 3}}, "unknown countdown difficulty key 'terms'"),
+    ({"data.difficulty": {"terms": 3}}, "countdown difficulty: unknown key 'terms'"),
     ({"data.tasks": ["countdown", "chain_sum"]}, "countdown does not mix with other tasks"),
     ({"data.pool_size": 0}, "data.pool_size must be >= 1"),
 ])

@@ -43,7 +43,7 @@ def test_heldout_is_fixed_and_disjoint_from_training():
 @pytest.mark.parametrize("d,msg", [
     ({"min_terms": 1}, "need 2 <= min_terms <= max_terms, got 1..3"),
     ({"operators": ["^"]}, "operators must be a non-empty subset of + - * /, got ['^']"),
-    ({"bogus": 1}, "unknown arithmetic difficulty key 'bogus'; valid: min_terms, max_terms, min_digits, max_digits, operators"),
+    ({"bogus": 1}, "arithmetic difficulty: unknown key 'bogus'; valid keys: max_digits, max_terms, min_digits, min_terms, operators"),
 ])
 def test_bad_difficulty_is_a_user_error(d, msg):
     with pytest.raises(UserError) as e:
