@@ -40,7 +40,7 @@ def _policy(path: str | None, out: Path) -> Path:
 
 
 def _problems(n_steps: int, prompts: int):
-    from tpu_pipeline.rl.config import load_recipe
+    from tpu_pipeline.rl.recipe import load_recipe
     from tpu_pipeline.rl.data import build_source
 
     cfg = load_recipe("grpo_math")
@@ -49,7 +49,7 @@ def _problems(n_steps: int, prompts: int):
 
 
 def bench_ours(policy: Path, batches, n: int, out: Path) -> dict:
-    from tpu_pipeline.rl.config import load_recipe
+    from tpu_pipeline.rl.recipe import load_recipe
     from tpu_pipeline.rl.engine import Engine
     from tpu_pipeline.rl.policy import build_optimizer, load_policy
     from tpu_pipeline.rl.rewards import GuardedReward, compute_score
@@ -155,7 +155,7 @@ def speed(a) -> dict:
 def control(a) -> dict:
     import torch
 
-    from tpu_pipeline.rl.config import load_recipe
+    from tpu_pipeline.rl.recipe import load_recipe
     from tpu_pipeline.rl.control import supervised_control
 
     if a.threads:

@@ -81,7 +81,7 @@ def build_policy(out: Path, dims: dict, problems) -> Path:
 
 
 def batches(steps: int, prompts: int):
-    from tpu_pipeline.rl.config import load_recipe
+    from tpu_pipeline.rl.recipe import load_recipe
     from tpu_pipeline.rl.data import build_source
 
     src = build_source(load_recipe("grpo_gsm8k").data, 0)
@@ -113,7 +113,7 @@ def bench_ours(policy: Path, data, a, kernels: str) -> dict:
     import torch
 
     from tpu_pipeline.kernels import use_kernels
-    from tpu_pipeline.rl.config import load_recipe
+    from tpu_pipeline.rl.recipe import load_recipe
     from tpu_pipeline.rl.engine import Engine
     from tpu_pipeline.rl.policy import build_optimizer, load_policy
     from tpu_pipeline.rl.rewards import GuardedReward

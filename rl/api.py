@@ -18,7 +18,7 @@ from tpu_pipeline.metrics import MetricsWriter
 from tpu_pipeline.rl import algo, dapo
 from tpu_pipeline.rl import countdown  # also registers the countdown data source
 from tpu_pipeline.rl.accel import compute_dtype
-from tpu_pipeline.rl.config import RLConfig, fingerprint, load_recipe, to_dict
+from tpu_pipeline.rl.recipe import RLConfig, fingerprint, load_recipe, to_dict
 from tpu_pipeline.rl.curve import plot_curve
 from tpu_pipeline.rl.data import build_source
 from tpu_pipeline.rl.engine import Engine, make_reference, set_threads, write_eval

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from tpu_pipeline.errors import DivergedError
-from tpu_pipeline.rl.config import RLConfig
+from tpu_pipeline.rl.recipe import RLConfig
 from tpu_pipeline.rl.data import ArithSource
 from tpu_pipeline.rl.evaluate import evaluate
 from tpu_pipeline.rl.policy import build_optimizer, load_policy

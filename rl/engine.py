@@ -43,7 +43,7 @@ from tpu_pipeline.files import atomic_write_json
 from tpu_pipeline.metrics import MetricsWriter
 from tpu_pipeline.rl import algo, dapo
 from tpu_pipeline.rl.accel import autocast, chunk_weight, micro_batches, sampling_generator
-from tpu_pipeline.rl.config import RLConfig, fingerprint
+from tpu_pipeline.rl.recipe import RLConfig, fingerprint
 from tpu_pipeline.rl.dapo import Sampled
 from tpu_pipeline.rl.data import Problem, _seed
 from tpu_pipeline.rl.evaluate import decode, encode_prompts, evaluate

@@ -37,7 +37,7 @@ from tpu_pipeline._tpu_guard import tpu_hardware_present
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.files import atomic_write_text
 from tpu_pipeline.rl.algo import resolve
-from tpu_pipeline.rl.config import RLConfig
+from tpu_pipeline.rl.recipe import RLConfig
 from tpu_pipeline.rl.data import build_source, write_parquet
 from tpu_pipeline.rl.policy import home, warm_start, warm_start_key, warm_start_overrides
 

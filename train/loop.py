@@ -31,7 +31,7 @@ from tpu_pipeline.errors import NotBuiltError
 from tpu_pipeline.files import atomic_write_json
 from tpu_pipeline.metrics import MetricsWriter
 from tpu_pipeline.schedule import scheduler
-from tpu_pipeline.train.config import Recipe
+from tpu_pipeline.train.recipe import Recipe
 from tpu_pipeline.train.distributed import DistInfo
 from tpu_pipeline.train.task import Task
 from tpu_pipeline.training import Hook, call_hooks, diverged

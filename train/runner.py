@@ -20,7 +20,7 @@ from tpu_pipeline.errors import UserError
 from tpu_pipeline.kernels import use_kernels
 from tpu_pipeline.recipes import find_recipe
 from tpu_pipeline.train import arith_lm, countdown_lm, digits, distributed
-from tpu_pipeline.train.config import Recipe, validate
+from tpu_pipeline.train.recipe import Recipe, validate
 from tpu_pipeline.train.loop import train
 from tpu_pipeline.train.task import TASKS, Task
 from tpu_pipeline.training import Hook

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from tpu_pipeline.registry import Registry
-from tpu_pipeline.train.config import Recipe
+from tpu_pipeline.train.recipe import Recipe
 
 TASKS: Registry[type["Task"]] = Registry("train task")
 

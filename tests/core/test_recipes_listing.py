@@ -26,7 +26,7 @@ def test_every_recipe_is_listed_with_a_description_and_a_declared_cost():
 
 
 def test_cost_fields_load_through_the_typed_recipes():
-    from tpu_pipeline.rl.config import fingerprint, load_recipe
+    from tpu_pipeline.rl.recipe import fingerprint, load_recipe
     from tpu_pipeline.train.runner import load_recipe as load_train
 
     cfg = load_recipe("grpo_countdown")

@@ -57,7 +57,7 @@ def test_micro_batches_keep_groups_whole():
 
 
 def _engine(tiny_policy, tmp_path, overrides, optimizer="sgd"):
-    from tpu_pipeline.rl.config import load_recipe
+    from tpu_pipeline.rl.recipe import load_recipe
     from tpu_pipeline.rl.data import build_source
     from tpu_pipeline.rl.engine import Engine
     from tpu_pipeline.rl.policy import build_optimizer, load_policy

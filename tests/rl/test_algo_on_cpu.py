@@ -8,7 +8,7 @@ import torch
 
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.rl import algo
-from tpu_pipeline.rl.config import AlgorithmConfig
+from tpu_pipeline.rl.recipe import AlgorithmConfig
 
 
 def _batch(scores, n, R=3, lengths=None):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tpu_pipeline.errors import DivergedError
-from tpu_pipeline.rl.config import load_recipe
+from tpu_pipeline.rl.recipe import load_recipe
 from tpu_pipeline.rl.control import supervised_control
 from tpu_pipeline.train import arith
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from tpu_pipeline.cli import cli
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.rl import countdown as rl_countdown
-from tpu_pipeline.rl.config import load_recipe
+from tpu_pipeline.rl.recipe import load_recipe
 from tpu_pipeline.rl.data import TASK_SOURCES
 from tpu_pipeline.rl.rewards import GuardedReward
 from tpu_pipeline.train import arith, countdown

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from tpu_pipeline.cli import cli
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.rl import algo, dapo
-from tpu_pipeline.rl.config import AlgorithmConfig, load_recipe
+from tpu_pipeline.rl.recipe import AlgorithmConfig, load_recipe
 from tpu_pipeline.rl.data import Problem
 from tpu_pipeline.rl.engine import Engine
 from tpu_pipeline.rl.rollout import Rollout

@@ -87,7 +87,7 @@ def test_a_bare_name_finds_the_shipped_file_and_a_real_path_wins(tmp_path, monke
 
 
 def test_prompts_go_through_the_chat_template(chat_policy):
-    from tpu_pipeline.rl.config import load_recipe
+    from tpu_pipeline.rl.recipe import load_recipe
     from tpu_pipeline.rl.evaluate import encode_prompts
     from tpu_pipeline.rl.policy import load_policy
 

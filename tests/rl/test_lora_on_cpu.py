@@ -34,7 +34,7 @@ def _engine(cfg, model, tok, opt, out, ref, reward):
 def test_adapters_train_alone_and_merge_into_a_plain_policy(tmp_path, tiny_policy, test_rewards):
     from transformers import AutoModelForCausalLM
 
-    from tpu_pipeline.rl.config import load_recipe
+    from tpu_pipeline.rl.recipe import load_recipe
     from tpu_pipeline.rl.lora import AdaptersOff, add_lora
     from tpu_pipeline.rl.policy import build_optimizer, load_policy, save_policy
 

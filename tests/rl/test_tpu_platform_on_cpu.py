@@ -71,7 +71,7 @@ def test_platform_with_fake_torch_tpu(fake_torch_tpu, monkeypatch):
 
 
 def test_verl_engine_on_tpu_host_loads_the_plugin_in_workers(tmp_path):
-    from tpu_pipeline.rl.config import load_recipe
+    from tpu_pipeline.rl.recipe import load_recipe
     from tpu_pipeline.rl.verl_bridge import compose, hydra_overrides
 
     ov = hydra_overrides(load_recipe("grpo_math"), train_file=tmp_path / "t", val_file=tmp_path / "v",

@@ -63,7 +63,7 @@ def test_data_is_verl_parquet_and_the_reward_path_resolves(dry):
 
 
 def test_dr_grpo_maps_to_verl_keys(tmp_path, tiny_policy):
-    from tpu_pipeline.rl.config import load_recipe
+    from tpu_pipeline.rl.recipe import load_recipe
     from tpu_pipeline.rl.verl_bridge import compose, hydra_overrides
 
     cfg = load_recipe("grpo_math", {"algorithm.adv_estimator": "dr_grpo"})

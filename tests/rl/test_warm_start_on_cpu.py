@@ -8,7 +8,7 @@ import shutil
 
 import torch
 
-from tpu_pipeline.rl.config import load_recipe
+from tpu_pipeline.rl.recipe import load_recipe
 from tpu_pipeline.rl.policy import build_optimizer, home, load_policy, warm_start_key, warm_start_overrides
 
 from .conftest import SMALL
