@@ -85,8 +85,8 @@ class ModelKind(abc.ABC):
 
     def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str]) -> Artifact:
         """The `precision` variant with the ops named by `scopes` (their output tensor names) left in
-        float32; only kinds with `refines` implement it."""
-        raise NotImplementedError
+        float32; only kinds with `refines` implement it (the pipeline asks no other kind)."""
+        raise NotImplementedError(f"{type(self).__name__} has refines = False: it keeps no layer in float")
 
     @abc.abstractmethod
     def parity(self, profile: TargetProfile, art: Artifact, info: ModelInfo, options: ConvertOptions, work: Path,

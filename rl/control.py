@@ -27,6 +27,25 @@ from tpu_pipeline.rl.rewards import GuardedReward, load_reward
 from tpu_pipeline.train import arith
 
 
+def supervised_steps(model, opt, batch, seconds: float, warm_start) -> tuple[int, float]:
+    """Supervised steps on `batch(step) -> (ids, labels)` for `seconds` of wall time: the
+    control every RL recipe is compared with. Returns (steps, seconds trained)."""
+    t0, steps = time.time(), 0
+    model.train()
+    while time.time() - t0 < seconds:
+        ids, labels = batch(steps)
+        loss = arith.lm_loss_sum(model, ids, labels) / (labels != arith.IGNORE).sum()
+        if not torch.isfinite(loss):
+            raise DivergedError(f"diverged: the supervised control's loss became NaN/inf at step {steps + 1}; "
+                                f"the warm start in {warm_start} is unchanged; try a lower lr (bench/rl.py control --lr)")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        steps += 1
+    return steps, time.time() - t0
+
+
 def supervised_control(cfg: RLConfig, warm_start_dir: str | Path, seconds: float, *, lr: float = 1e-4,
                        batch_size: int = 64, k: int = 0) -> dict:
     ws = Path(warm_start_dir)
@@ -36,21 +55,11 @@ def supervised_control(cfg: RLConfig, warm_start_dir: str | Path, seconds: float
     heldout = source.heldout()
     guard = GuardedReward(load_reward(cfg.trainer.reward), cfg.trainer.reward_timeout_s)
     score = lambda items: guard(items).scores  # noqa: E731
-    t0, steps = time.time(), 0
-    model.train()
-    while time.time() - t0 < seconds:
-        probs = source.train_batch(steps, batch_size, cfg.trainer.seed + 7919)
-        ids, labels = arith.lm_batch(tok, [arith.Problem(p.prompt, p.ground_truth, p.data_source) for p in probs])
-        loss = arith.lm_loss_sum(model, ids, labels) / (labels != arith.IGNORE).sum()
-        if not torch.isfinite(loss):
-            raise DivergedError(f"diverged: the supervised control's loss became NaN/inf at step {steps + 1}; "
-                                f"the warm start in {ws} is unchanged; try a lower lr (bench/rl.py control --lr)")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        steps += 1
-    trained = time.time() - t0
+    def batch(step):
+        probs = source.train_batch(step, batch_size, cfg.trainer.seed + 7919)
+        return arith.lm_batch(tok, [arith.Problem(p.prompt, p.ground_truth, p.data_source) for p in probs])
+
+    steps, trained = supervised_steps(model, opt, batch, seconds, ws)
     d = cfg.data
     res = evaluate(model, tok, heldout, score, max_prompt_length=d.max_prompt_length,
                    max_response_length=d.max_response_length, overlong=d.overlong_prompt, k=k,

@@ -21,18 +21,16 @@ prompts removed).
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from tpu_pipeline.errors import DivergedError, UserError
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.rl.control import supervised_steps
 from tpu_pipeline.rl.data import TASK_SOURCES, Problem, _seed
 from tpu_pipeline.rl.evaluate import evaluate
 from tpu_pipeline.rl.policy import build_optimizer, load_policy
 from tpu_pipeline.rl.rewards import GuardedReward, load_reward
-from tpu_pipeline.train import arith, countdown
+from tpu_pipeline.train import countdown
 
 TASK = countdown.DATA_SOURCE
 
@@ -119,21 +117,10 @@ def supervised_control(cfg, warm_start_dir: str | Path, seconds: float, *, lr: f
     pool = source.pool()
     guard = GuardedReward(load_reward(cfg.trainer.reward), cfg.trainer.reward_timeout_s)
     rng = random.Random(_seed("control", cfg.trainer.seed))
-    t0, steps = time.time(), 0
-    model.train()
     try:
-        while time.time() - t0 < seconds:
-            ids, labels = countdown.lm_batch(tok, [pool[rng.randrange(len(pool))] for _ in range(batch_size)])
-            loss = arith.lm_loss_sum(model, ids, labels) / (labels != arith.IGNORE).sum()
-            if not torch.isfinite(loss):
-                raise DivergedError(f"diverged: the supervised control's loss became NaN/inf at step {steps + 1}; "
-                                    f"the warm start in {ws} is unchanged; try a lower lr (bench/rl.py control --lr)")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            steps += 1
-        trained = time.time() - t0
+        steps, trained = supervised_steps(
+            model, opt, lambda _: countdown.lm_batch(tok, [pool[rng.randrange(len(pool))] for _ in range(batch_size)]),
+            seconds, ws)
         d = cfg.data
         res = evaluate(model, tok, heldout, lambda items: guard(items).scores, max_prompt_length=d.max_prompt_length,
                        max_response_length=d.max_response_length, overlong=d.overlong_prompt, k=k,
