@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tpu_pipeline.convert.iot_embedding import embedding_rows
 from tpu_pipeline.errors import UserError
 
 MANIFEST_FORMAT = "tpu-pipeline/model@1"
@@ -354,8 +355,10 @@ def _finish(m: LoadedModel) -> LoadedModel:
         args.append(a.float() if a.is_floating_point() else a)
     m.sample_args = tuple(args)
     if not m.int_high:
-        m.int_high = [int(a.max()) + 1 if not a.is_floating_point() and a.numel() and a.dtype != torch.bool else None
-                      for a in m.sample_args]
+        # token ids that index an embedding: random ones anywhere in its table, else up to the example's max
+        rows = embedding_rows(m.module, m.sample_args)
+        m.int_high = [(n or int(a.max()) + 1) if not a.is_floating_point() and a.numel() and a.dtype != torch.bool
+                      else None for a, n in zip(m.sample_args, rows)]
     if len(m.input_names) != len(m.sample_args):
         m.input_names = [f"input_{i}" for i in range(len(m.sample_args))]
     try:

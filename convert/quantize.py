@@ -2,7 +2,9 @@
 
 float32 is the artifact itself; float16 casts weights; dynamic_int8 stores
 int8 weights and computes in float; static_int8 quantizes weights and
-activations from calibration inputs and gives int8 model inputs/outputs.
+activations from calibration inputs and gives int8 model inputs/outputs
+(token-id inputs stay int32), with embedding lookups as int8 GATHER
+(iot_embedding.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 from ai_edge_quantizer import quantizer, recipe
 
 from tpu_pipeline.convert.export import quiet_native
+from tpu_pipeline.convert.iot_embedding import lookups_as_gather
 from tpu_pipeline.convert.loaders import first_line
 from tpu_pipeline.errors import ConversionError
 
@@ -35,6 +38,9 @@ def quantize(float_model: bytes, precision: str, calibration: list[dict[str, np.
     left in float32: a per-op no_quantize entry after the precision's recipe (the last match wins)."""
     if precision == "float32":
         return float_model
+    if precision == "static_int8":
+        # the recipe leaves EMBEDDING_LOOKUP's table float32; the same lookup as GATHER gets int8
+        float_model = lookups_as_gather(float_model)
     # the quantizer's scope is the output names joined by ';' with a trailing ';'
     rec = list(recipe_for(precision)) + [{"regex": "^" + re.escape(scope) + ";$", "operation": "*",
                                           "algorithm_key": "no_quantize", "op_config": {}} for scope in keep_float]
