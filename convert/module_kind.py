@@ -55,6 +55,7 @@ class ModuleKind(ModelKind):
         self.torch_ms: float | None = None
         self.float_art: Artifact | None = None
         self._f16: dict | None = None
+        self._f16_weights: list[list[float]] | None = None  # precision_error("float16"), measured once
         # id(model bytes) -> (bytes, outputs per sample): targets that share a variant and runtime run it once
         self._xnnpack: dict[int, tuple[bytes, list]] = {}
 
@@ -122,10 +123,11 @@ class ModuleKind(ModelKind):
         return warnings
 
     def variant(self, float_model: Artifact, precision: str) -> Artifact:
-        return Artifact(model=quantize(float_model.model, precision, self.calib))
+        return Artifact(model=quantize(float_model.model, precision, self.calib), precision=precision)
 
     def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str]) -> Artifact:
-        return Artifact(model=quantize(float_model.model, precision, self.calib, keep_float=scopes))
+        return Artifact(model=quantize(float_model.model, precision, self.calib, keep_float=scopes),
+                        precision=precision)
 
     def parity(self, prof: TargetProfile, art: Artifact, info: ModelInfo, o: ConvertOptions, work: Path,
                say: Progress) -> Parity:
@@ -142,7 +144,7 @@ class ModuleKind(ModelKind):
                 # kernel noise from conversion error. Variants are judged against the float artifact instead.
                 refk = LitertRunner(model, info, reference=True)
                 got_ref = [refk.run(s) for s in samples[:REFERENCE_SAMPLES]]
-        outputs = self._compare(prof, o, ref, got)
+        outputs = self._compare(prof, o, ref, got, self.precision_error(art.precision))
         v = parity.verdict(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
         passed = v["passed"]
         res = {"passed": passed, "reasons": v["reasons"], "decided_by": v["decided_by"], "checks": v["checks"],
@@ -200,11 +202,33 @@ class ModuleKind(ModelKind):
             hit = self._xnnpack[id(model)] = (model, [runner.run(s) for s in self.samples])
         return hit[1]
 
-    def _compare(self, prof: TargetProfile, o: ConvertOptions, ref, got) -> dict[str, dict]:
+    def _compare(self, prof: TargetProfile, o: ConvertOptions, ref, got,
+                 precision_error: list[list[float]] | None = None) -> dict[str, dict]:
         return {name: parity.compare([s[k] for s in ref], [g[k] for g in got], classifier=self.class_scores(k),
                                      atol=o.atol if o.atol is not None else prof.atol,
-                                     rtol=o.rtol if o.rtol is not None else prof.rtol)
+                                     rtol=o.rtol if o.rtol is not None else prof.rtol,
+                                     precision_error=None if precision_error is None else precision_error[k])
                 for k, name in enumerate(self.output_names)}
+
+    def precision_error(self, precision: str) -> list[list[float]] | None:
+        """Per output, per parity sample: the largest |error| that `precision` alone causes in
+        PyTorch, or None where it is not emulated. float16 (weights stored in float16, computed in
+        float32, as XNNPACK runs a float16-weight artifact): the model with its weights rounded to
+        float16. A deep or cancelling model loses more than a fixed tolerance allows through
+        rounding alone; its artifact is judged against that, not failed as a conversion error."""
+        if precision != "float16":
+            return None
+        if self._f16_weights is None:
+            m = copy.deepcopy(self.m.module)
+            with torch.no_grad(), torch_threads():
+                for p in list(m.parameters()) + list(m.buffers()):
+                    if p.is_floating_point():
+                        p.copy_(_to_f16(p))
+                outs = [[t.float().numpy() for t in flatten_outputs(m(*[torch.from_numpy(x) for x in s]))]
+                        for s in self.samples]
+            self._f16_weights = [[float(np.abs(o[k].astype(np.float64) - r[k]).max(initial=0.0))
+                                  for o, r in zip(outs, self.ref)] for k in range(len(self.ref[0]))]
+        return self._f16_weights
 
     def _browser_parity(self, prof: TargetProfile, model: bytes, info: ModelInfo, o: ConvertOptions) -> dict:
         """The web target's parity in a real browser (LiteRT.js in headless Chromium)."""

@@ -19,6 +19,7 @@ class Artifact:
 
     model: bytes
     extra_files: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    precision: str = "float32"  # the variant's precision (float16, dynamic_int8, ...), for its parity bound
 
 
 @dataclasses.dataclass(kw_only=True)

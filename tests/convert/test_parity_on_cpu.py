@@ -142,3 +142,20 @@ def test_exit_code_is_the_worst_kind_and_each_target_says_its_own():
     assert [_status(t.to_json()) for t in (ok, size, wrong)] == ["ok", "FAIL 3", "FAIL 4"]
     err = res(size, wrong).error()
     assert err.exit_code == 4 and "iot: too big" in str(err) and "android: cosine" in str(err)
+
+
+def test_precision_envelope_admits_the_precisions_own_error_and_nothing_beyond():
+    # float16-sized weights error of 3% of the output's RMS: over android's 1% elementwise bound
+    ref, got = _outputs(1.0, 0.03)
+    own = [float(np.abs(g - r).max()) for r, g in zip(ref, got)]  # PyTorch with float16 weights erred as much
+    m = compare(ref, got, classifier=False, atol=ANDROID.atol, rtol=ANDROID.rtol, precision_error=own)
+    v = verdict({"y": m}, ANDROID)
+    assert v["passed"], v["reasons"]
+    assert m["within_tol_without_envelope"] is False and m["precision_envelope"] == pytest.approx(2 * max(own))
+    assert any("precision loss, not a conversion error" in n for n in v["notes"])
+    # the same artifact error where the precision alone errs 10x less: beyond its envelope, it fails
+    m = compare(ref, got, classifier=False, atol=ANDROID.atol, rtol=ANDROID.rtol,
+                precision_error=[e / 10 for e in own])
+    v = verdict({"y": m}, ANDROID)
+    assert not v["passed"] and v["decided_by"] == ["y: elementwise"]
+    assert "x the precision's own error" in v["reasons"][0]
