@@ -1,5 +1,6 @@
 """report.json is written by the pipeline; this renders report.html for people:
-a table per target and a plot of the parity error per target and output."""
+a table per target (with the candidates measured and the layers kept in float32)
+and a plot of the parity error per target and output."""
 
 from __future__ import annotations
 
@@ -47,6 +48,41 @@ def _plot(report: dict) -> str | None:
             _svg_bars(labels, one_minus_cos, passed, "1 - cosine vs PyTorch (log scale)"))
 
 
+def _cell(v) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, list):
+        return "; ".join(map(str, v))
+    return "-" if v is None else str(v)
+
+
+def _choice(t: dict) -> str:
+    """What convert measured to pick this target's artifact: every candidate side by side
+    (columns are whatever the model kind measured: size, latency, cosine, token agreement ...),
+    why the winner won, and the layers kept in float32 by the accuracy-aware rounds."""
+    e, parts = html.escape, []
+    cands = t.get("candidates") or []
+    if cands:
+        cols = list(dict.fromkeys(k for c in cands for k in c if k != "chosen"))
+        head = "".join(f"<th>{e(k)}</th>" for k in cols)
+        body = "".join("<tr" + (" class='chosen'" if c.get("chosen") else "") + ">" + "".join(
+            f"<td>{e(_cell(c.get(k)))}</td>" for k in cols) + "</tr>" for c in cands)
+        parts.append(f"<table class='cands'><tr>{head}</tr>{body}</table>")
+    if t.get("chosen_because"):
+        parts.append(f"<p>chosen: {e(t['chosen_because'])}</p>")
+    kept = t.get("kept_float")
+    if kept:
+        rounds = "".join(f"<li>kept {e(str(r.get('kept')))}: {'pass' if r.get('passed') else 'fail'}, "
+                         f"cosine {_cell(r.get('cosine'))}, {_cell(r.get('size_bytes'))} bytes</li>"
+                         for r in kept.get("rounds", []))
+        parts.append(f"<p>layers kept in float32: {e(', '.join(kept.get('layers', [])))} "
+                     f"({'passes' if kept.get('passed') else 'still fails'}; +{kept.get('bytes_added', 0)} bytes)</p>"
+                     f"<ol>{rounds}</ol>")
+    return "".join(parts)
+
+
 def render_html(report: dict) -> str:
     e = html.escape
     rows = []
@@ -75,6 +111,9 @@ def render_html(report: dict) -> str:
         rows.append(f"<tr class='{status.lower()}'><td>{e(name)}</td><td>{status}</td><td>{e(t.get('quantization', ''))}</td>"
                     f"<td>{t.get('size_bytes') or '-'}</td><td>{e(t.get('runtime', ''))}</td><td>{figs}</td>"
                     f"<td>{lat_s}</td><td>{problems}</td></tr>")
+        choice = _choice(t)
+        if choice:
+            rows.append(f"<tr><td></td><td colspan='7'>{choice}</td></tr>")
     img = _plot(report)
     plot = f"<h2>Parity error per target and output</h2><div>{img}</div>" if img else "<p>(no parity figures)</p>"
     skipped = [f"{n}: skipped ({why})" for n, why in report.get("skipped_targets", {}).items()]
@@ -82,7 +121,7 @@ def render_html(report: dict) -> str:
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>convert: {e(report['model'])}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;font-size:13px}}
-tr.pass td:nth-child(2){{color:#1b7f4c;font-weight:bold}}tr.fail td:nth-child(2){{color:#c0392b;font-weight:bold}}</style></head>
+tr.pass td:nth-child(2){{color:#1b7f4c;font-weight:bold}}tr.chosen td{{font-weight:bold}}tr.fail td:nth-child(2){{color:#c0392b;font-weight:bold}}</style></head>
 <body><h1>{e(report['model'])}</h1><p>{e(report.get('source_format', ''))}; {report.get('samples', 0)} parity samples
 ({e(report.get('sample_source', ''))}); wall time {report.get('wall_s', 0):.1f} s</p><ul>{notes}</ul>
 <table><tr><th>target</th><th>status</th><th>quantization</th><th>bytes</th><th>runtime</th><th>parity per output</th>

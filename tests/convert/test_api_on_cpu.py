@@ -200,3 +200,5 @@ def test_accuracy_aware_quantization_keeps_the_hostile_layer_in_float(tmp_path):
     assert kept["latency_ms_after"] > 0 and "fc2 kept in float32" in web.chosen_because
     report = json.loads((tmp_path / "on" / "report.json").read_text())
     assert report["targets"]["web"]["kept_float"]["layers"] == ["fc2"]
+    page = (tmp_path / "on" / "report.html").read_text()
+    assert "layers kept in float32: fc2 (passes; +" in page and "chosen: dynamic_int8 missed its bound" in page

@@ -101,6 +101,11 @@ def test_html_report_has_table_and_plot(cnn):
     _, out = cnn
     html = (out / "report.html").read_text()
     assert html.count("<tr class='pass'>") == 5 and "<svg" in html and "1 - cosine" in html
+    report = json.loads((out / "report.json").read_text())
+    # android, ios and web measured their candidates: each table shows them, the winner in bold
+    assert html.count("<table class='cands'>") == 3 and html.count("<tr class='chosen'>") == 3
+    for name in ("android", "ios", "web"):
+        assert f"chosen: {report['targets'][name]['chosen_because']}" in html.replace("&#x27;", "'")
 
 
 def test_no_staging_left_behind(cnn):
