@@ -13,11 +13,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from tpu_pipeline.errors import NotBuiltError, PipelineError
+from tpu_pipeline.errors import (ConversionError, DivergedError, NotBuiltError, ParityError, PipelineError,
+                                  UserError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,13 +63,37 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+STATUS_ENV = "TPU_PIPELINE_WORKER_STATUS"  # file where the first failing worker leaves its error
+_ERRORS = {e.exit_code: e for e in (UserError, ConversionError, ParityError, DivergedError)}
+
+
+def report_failure(e: PipelineError) -> None:
+    """In a worker: leave the error for the launcher (torchrun itself exits 1 whatever the worker's
+    code, so a diverged run would otherwise look like a bug). The first rank to fail wins."""
+    path = os.environ.get(STATUS_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "x") as f:
+            json.dump({"exit_code": e.exit_code, "message": str(e), "rank": os.environ.get("RANK", "0")}, f)
+    except FileExistsError:
+        pass
+
+
 def launch(nproc: int, kwargs: dict) -> None:
-    """Runs `tpu_pipeline.train.worker` in `nproc` processes; raises if any fails."""
+    """Runs `tpu_pipeline.train.worker` in `nproc` processes; raises if any fails, with the failing
+    worker's own error class and message (DivergedError: exit 5, bad input: 2)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "tpu_pipeline.train.worker", json.dumps(kwargs)]
     env = dict(os.environ)
     # Share the cores instead of each process grabbing all of them.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    rc = subprocess.call(cmd, env=env)
+    with tempfile.TemporaryDirectory(prefix="tpu-pipeline-workers-") as tmp:
+        status = Path(tmp) / "failure.json"
+        env[STATUS_ENV] = str(status)
+        rc = subprocess.call(cmd, env=env)
+        failure = json.loads(status.read_text()) if status.exists() else None
+    if rc != 0 and failure:
+        raise _ERRORS.get(failure["exit_code"], PipelineError)(f"{failure['message']} (process {failure['rank']})")
     if rc != 0:
         raise PipelineError(f"data-parallel training failed: torchrun exited {rc} (see the worker output above)")

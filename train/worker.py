@@ -9,6 +9,7 @@ import json
 import sys
 
 from tpu_pipeline.errors import PipelineError
+from tpu_pipeline.train.distributed import report_failure
 from tpu_pipeline.train.runner import run
 
 
@@ -17,6 +18,7 @@ def main() -> int:
     try:
         run(**kwargs)
     except PipelineError as e:
+        report_failure(e)
         print(f"Error: {e}", file=sys.stderr)
         return e.exit_code
     return 0

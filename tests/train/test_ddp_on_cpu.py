@@ -44,3 +44,13 @@ def test_batch_must_split_evenly(tmp_path):
 
     with pytest.raises(UserError, match="divisible by the number of processes"):
         run("digits_cnn", tmp_path / "x", overrides={**CFG, "loop.batch_size": 33}, nproc=2)
+
+
+@pytest.mark.slow
+def test_a_diverged_worker_is_a_diverged_error_in_the_launcher(tmp_path):
+    # torchrun exits 1 whatever its workers return: the worker's own error must still reach the user (exit 5)
+    from tpu_pipeline.errors import DivergedError
+
+    with pytest.raises(DivergedError, match=r"^diverged: digits_cnn's loss .* \(process [01]\)$") as e:
+        run("digits_cnn", tmp_path / "x", overrides={**CFG, "optim.lr": 1e12}, nproc=2)
+    assert e.value.exit_code == 5
