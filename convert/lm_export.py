@@ -85,15 +85,29 @@ class KVCacheLM(nn.Module):
             vc = v_cache[i] * keep[None, None, :, None] + torch.einsum("tm,bhtd->bhmd", write, v)
             new_k.append(kc)
             new_v.append(vc)
-            rep = s.heads // s.kv_heads
-            kr = kc.repeat_interleave(rep, dim=1) if rep > 1 else kc
-            vr = vc.repeat_interleave(rep, dim=1) if rep > 1 else vc
-            scores = q @ kr.transpose(-1, -2) * (s.head_dim ** -0.5) + bias
-            o = torch.softmax(scores, dim=-1) @ vr
+            o = _grouped_attention(q, kc, vc, bias, s.kv_heads)
             x = x + att.o_proj(o.transpose(1, 2).reshape(b, t, s.heads * s.head_dim))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         logits = self.lm.lm_head(core.norm(x))
         return logits, torch.stack(new_k), torch.stack(new_v)
+
+
+def _grouped_attention(q, k, v, bias, kv_heads: int):
+    """softmax(q k^T / sqrt(d) + bias) v with each key/value head shared by its group of query heads
+    (HF's repeat_kv: query head j reads kv head j // group), without repeating the cache.
+
+    The query heads of a group are folded into rows ([b, kv, group*t, d] @ [b, kv, d, max_len]), so
+    no kv head is ever broadcast. Repeating it (repeat_interleave or expand) is exact in PyTorch
+    but, with one kv head, litert-torch 0.10 lowers `repeat(k)[1,1,M,D] -> [1,H,M,D]` followed by
+    the transpose for q @ k^T into RESHAPE [1,1,M,D] -> [1,1,D,M] + BROADCAST_TO: a reshape where
+    a transpose belongs, i.e. wrong scores (docs/DESIGN.md, measured facts).
+    """
+    b, heads, t, d = q.shape
+    group = heads // kv_heads
+    scores = q.reshape(b, kv_heads, group * t, d) @ k.transpose(-1, -2) * (d ** -0.5)
+    scores = scores.reshape(b, kv_heads, group, t, -1) + bias[:, :, None]
+    p = torch.softmax(scores, dim=-1).reshape(b, kv_heads, group * t, -1)
+    return (p @ v).reshape(b, heads, t, d)
 
 
 def _rope(x, cos, sin):

@@ -29,7 +29,7 @@ def _tiny_llama(kv_heads=2, seed=0):
     return model, tok
 
 
-@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
 def test_kv_cache_wrapper_equals_hf_forward(kv_heads):
     model, _ = _tiny_llama(kv_heads)
     shape = lm_shape(model.config, max_len=24, prefill_len=8)
@@ -84,6 +84,62 @@ def test_artifact_generates_exactly_like_pytorch(exported):
     assert ref.shape == (6, len(tok)) and np.abs(ref - got).max() < 1e-3
     text = lm.generate("3+4-2=", max_new_tokens=6)
     assert isinstance(text, str) and len(lm.generate_ids(lm.encode("3+4-2="), 6)) >= 1
+
+
+def test_attention_converts_exactly_for_one_two_and_all_kv_heads():
+    """The root cause of the multi-query bug, pinned: with one kv head, litert-torch 0.10 lowers
+    repeat_interleave(k) followed by q @ k^T to RESHAPE [1,1,M,D] -> [1,1,D,M] + BROADCAST_TO (a
+    reshape where a transpose belongs). The export's grouped attention never repeats the cache
+    and converts exactly for 1, 2 and all kv heads."""
+    import litert_torch
+
+    from tpu_pipeline.convert.lm_export import _grouped_attention
+
+    heads, t, m, d = 4, 8, 24, 16
+
+    class Grouped(torch.nn.Module):
+        def __init__(self, kv):
+            super().__init__()
+            self.kv = kv
+
+        def forward(self, q, k, v, bias):
+            return _grouped_attention(q, k, v, bias, self.kv)
+
+    class Repeated(torch.nn.Module):  # the export's attention before the fix
+        def forward(self, q, k):
+            return q @ k.repeat_interleave(heads, dim=1).transpose(-1, -2)
+
+    torch.manual_seed(0)
+    for kv in (1, 2, 4):
+        bias = torch.where(torch.rand(1, 1, t, m) > 0.3, 0.0, torch.finfo(torch.float32).min)
+        args = (torch.randn(1, heads, t, d), torch.randn(1, kv, m, d), torch.randn(1, kv, m, d), bias)
+        ref = Grouped(kv)(*args)
+        rep = heads // kv  # HF repeat_kv: query head j reads kv head j // rep
+        want = torch.softmax(args[0] @ args[1].repeat_interleave(rep, 1).transpose(-1, -2) * d ** -0.5 + bias, -1)
+        torch.testing.assert_close(ref, want @ args[2].repeat_interleave(rep, 1))
+        got = np.asarray(litert_torch.convert(Grouped(kv).eval(), args)(*args))
+        assert np.abs(got - ref.numpy()).max() < 1e-5, kv
+    q, k = torch.randn(1, heads, t, d), torch.randn(1, 1, m, d)
+    wrong = np.abs(np.asarray(litert_torch.convert(Repeated().eval(), (q, k))(q, k)) - Repeated()(q, k).numpy())
+    # When this fails, litert-torch lowers the repeated form correctly (the grouped form stays exact).
+    assert wrong.max() > 1.0
+
+
+def test_multi_query_artifact_generates_exactly_like_pytorch(tmp_path):
+    """One kv head (multi-query, as SmolLM-style Llamas): before the grouped attention, the
+    decode-ready artifact's logits were off by 0.04 (cosine 0.99993) on this model."""
+    model, tok = _tiny_llama(kv_heads=1)
+    model.save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    meta = write_decode_ready(tmp_path / "hf", tmp_path / "lm", max_len=40, prefill_len=8)
+    assert meta["cache_shape"] == [2, 1, 1, 40, 16]
+    prompts = [tok(p).input_ids for p in ["3+4-2=", "9-8=", "1+1+1="]]
+    prompts.append(list(np.random.default_rng(0).integers(4, len(tok), 11)))  # two prefill chunks
+    report = generation_parity(model, LiteRTLanguageModel(tmp_path / "lm"), prompts, max_new_tokens=12)
+    assert report["generation_agreement"] == 1.0, report["first_generation_divergence"]
+    ref, got = np.concatenate(report["ref_logits"]), np.concatenate(report["got_logits"])
+    cosine = float((ref * got).sum() / np.linalg.norm(ref) / np.linalg.norm(got))
+    assert np.abs(ref - got).max() < 1e-4 and cosine >= 0.99999
 
 
 def test_client_refuses_too_long_prompt_and_non_lm_dir(exported, tmp_path):
