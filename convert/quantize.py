@@ -4,7 +4,7 @@ float32 is the artifact itself; float16 casts weights; dynamic_int8 stores
 int8 weights and computes in float; static_int8 quantizes weights and
 activations from calibration inputs and gives int8 model inputs/outputs
 (token-id inputs stay int32), with embedding lookups as int8 GATHER
-(iot_embedding.py).
+(iot_embedding.py) and every weight inside the flatbuffer (iot_buffers.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 from ai_edge_quantizer import quantizer, recipe
 
 from tpu_pipeline.convert.export import quiet_native
+from tpu_pipeline.convert.iot_buffers import inline_buffers
 from tpu_pipeline.convert.iot_embedding import lookups_as_gather
 from tpu_pipeline.convert.loaders import first_line
 from tpu_pipeline.errors import ConversionError
@@ -50,6 +51,8 @@ def quantize(float_model: bytes, precision: str, calibration: list[dict[str, np.
             result = None
             if q.need_calibration:
                 result = q.calibrate({signature: calibration or []}, num_threads=2)
-            return bytes(q.quantize(result, enable_progress_report=False).quantized_model)
+            model = bytes(q.quantize(result, enable_progress_report=False).quantized_model)
     except Exception as e:  # noqa: BLE001
         raise ConversionError(f"ai-edge-quantizer could not make the {precision} variant: {type(e).__name__}: {first_line(e)}") from None
+    # full-integer is the TFLM variant, and TFLM reads no external buffers (written from 256 KiB of weights)
+    return inline_buffers(model) if precision == "static_int8" else model
