@@ -60,7 +60,10 @@ def embedding_rows(module: nn.Module, sample_args: tuple) -> list[int | None]:
     (nn.Embedding called on it, or aten.embedding on it in an exported graph), else None.
     An input that goes through another op first (ids + offset, ids.long()) is not followed."""
     rows: dict[int, int] = {}
-    positions = {id(a): i for i, a in enumerate(sample_args) if isinstance(a, torch.Tensor)}
+    positions = {id(a): i for i, a in enumerate(sample_args)
+                 if isinstance(a, torch.Tensor) and not a.is_floating_point() and a.dtype != torch.bool}
+    if not positions:
+        return [None] * len(sample_args)  # no ids to bound: spare the forward run below
     if isinstance(module, torch.fx.GraphModule):
         placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
         if len(placeholders) == len(sample_args):
