@@ -70,7 +70,7 @@ def embedding_rows(module: nn.Module, sample_args: tuple) -> list[int | None]:
             index = {n: i for i, n in enumerate(placeholders)}
             for n in module.graph.nodes:
                 if n.op == "call_function" and n.target is torch.ops.aten.embedding.default \
-                        and n.args[1] in index and n.args[0].op == "get_attr":
+                        and n.args[1] in index and getattr(n.args[0], "op", None) == "get_attr":
                     table = functools.reduce(getattr, n.args[0].target.split("."), module)
                     _narrow(rows, index[n.args[1]], int(table.shape[0]))
     embeddings = [m for m in module.modules() if isinstance(m, nn.Embedding)]
