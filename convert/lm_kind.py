@@ -68,8 +68,6 @@ def decode_ready_skipped(config) -> str | None:
     window = getattr(config, "sliding_window", None)
     if window and window < config.max_position_embeddings:
         return f"the decode-ready export ignores sliding_window={window}"
-    if (config.num_key_value_heads or config.num_attention_heads) == 1:
-        return "the decode-ready export converts one key/value head (multi-query attention) inexactly"
     return None
 
 
@@ -89,8 +87,8 @@ class CausalLMKind(ModelKind):
         self.path, self.model, self.prompts, self.sample_source = path, model, prompts, source
         self.max_len, self.prefill_len, self.tokenizer = max_len, prefill_len, tokenizer
         # The decode-ready export (and with it the browser page and the reference client) covers the Llama
-        # family, but not sliding-window attention (it attends over the whole cache) nor one kv head
-        # (issue 12: it converts multi-query attention inexactly). Those get the bundle only.
+        # family with 1, 2 or all kv heads, but not sliding-window attention (it attends over the whole
+        # cache). Those get the bundle only.
         self.decode_ready_skipped = decode_ready_skipped(model.config)
         self.decode_ready = self.decode_ready_skipped is None
         # what an app sends: the prompts as text (litert_lm tokenizes with the bundle's tokenizer)
