@@ -113,7 +113,10 @@ class ModuleKind(ModelKind):
         warnings = []
         if any("static_int8" in self.candidates(p) for p in profiles):
             if self.calib_data is None:
-                warnings.append("WARNING: static int8 was calibrated on random-normal inputs (no --calib given); "
+                kinds = ", ".join(dict.fromkeys("random-normal floats" if a.is_floating_point() else
+                                                "random integers over the input's range (token ids: every row)"
+                                                for a in self.m.sample_args))
+                warnings.append(f"WARNING: static int8 was calibrated on random inputs ({kinds}; no --calib given); "
                                 "pass --calib FILE.npz with real inputs or int8 accuracy on real data may be far worse")
                 rows = [_random_sample(self.m, rng) for _ in range(CALIB_RANDOM_SAMPLES)]
             else:
