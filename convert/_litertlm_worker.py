@@ -20,13 +20,20 @@ has; the export failed with AttributeError. Its own cache layers have the
 method, so the cache answers with the longest of its layers, only when the
 method is missing.
 
+Sampler defaults: the bundle's LLM metadata carries the folder's own sampling
+(generation_config.json with do_sample, which export_hf reads itself); a folder
+that does not sample gets greedy (top_k 1), the decoding parity verifies.
+Apps read them from the bundle (the app snippets spell them out).
+
 Usage: python _litertlm_worker.py HF_DIR OUT_DIR CACHE_LENGTH PREFILL_LENGTH
 Writes OUT_DIR/model.litertlm (float32 weights; variants are derived by the parent).
 """
 
 import importlib.util
+import json
 import sys
 import types
+from pathlib import Path
 
 # Everything that asks "is TensorFlow installed?" at import time is imported before the alias exists.
 import ai_edge_quantizer.quantizer  # noqa: F401
@@ -62,10 +69,22 @@ def import_export_hf():
     return export
 
 
+GREEDY = {"sampler_top_k": 1, "sampler_top_p": 1.0, "sampler_temperature": 1.0}
+
+
+def sampler_args(hf_dir: str) -> dict:
+    """export_hf's sampler arguments: none when the folder's generation_config.json samples
+    (export_hf takes its top_k/top_p/temperature), else greedy."""
+    path = Path(hf_dir) / "generation_config.json"
+    gen = json.loads(path.read_text()) if path.is_file() else {}
+    return {} if gen.get("do_sample") else GREEDY
+
+
 def main(hf_dir: str, out_dir: str, cache_length: str, prefill_length: str) -> None:
     export = import_export_hf()
     export.export(model=hf_dir, output_dir=out_dir, prefill_lengths=[int(prefill_length)],
-                  cache_length=int(cache_length), quantization_recipe="none", trust_remote_code=False)
+                  cache_length=int(cache_length), quantization_recipe="none", trust_remote_code=False,
+                  **sampler_args(hf_dir))
 
 
 if __name__ == "__main__":

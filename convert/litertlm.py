@@ -32,16 +32,18 @@ import tomllib
 from pathlib import Path
 import litert_lm_builder
 import numpy as np
+from google.protobuf import text_format
+from litert_lm_builder.runtime.proto import llm_metadata_pb2, sampler_params_pb2
 import torch
 from ai_edge_litert.interpreter import Interpreter
 from tokenizers import Tokenizer
 
 from tpu_pipeline.convert.litertlm_runtime import BUNDLE_FILE, RUNTIME, BundleRunner
-from tpu_pipeline.convert.quantize import quantize
+from tpu_pipeline.convert.lm_recipes import quantize_lm
 from tpu_pipeline.errors import ConversionError, UserError
 
 __all__ = ["BUNDLE_FILE", "RUNTIME", "BundleRunner", "bundle_parity", "bundle_tflite", "bundle_variant",
-           "check_family", "decode_logits", "export_bundle", "latency", "repack", "verdict"]
+           "check_family", "decode_logits", "export_bundle", "latency", "repack", "sampler_defaults", "verdict"]
 EXPORT_TIMEOUT_S = 900
 
 # model_type -> what export_hf + litert_lm were verified on here (bench/lm_families.py,
@@ -109,6 +111,28 @@ def _unpacked(bundle: bytes, work: Path) -> tuple[Path, Path]:
     return toml_path, toml_path.parent / models[0]["data_path"]
 
 
+def sampler_defaults(bundle: bytes) -> dict | None:
+    """The sampler defaults in the bundle's LLM metadata ({"type", "top_k", "top_p", "temperature",
+    "seed"}), or None when it has none (LiteRT-LM then uses its engine's own)."""
+    with tempfile.TemporaryDirectory(prefix="tpu-pipeline-litertlm-") as tmp:
+        toml_path, _ = _unpacked(bundle, Path(tmp))
+        sections = tomllib.loads(toml_path.read_text())["section"]
+        meta = next((s for s in sections if s.get("section_type") == "LlmMetadata"), None)
+        if meta is None:
+            return None
+        path = toml_path.parent / meta["data_path"]
+        proto = llm_metadata_pb2.LlmMetadata()
+        if path.suffix == ".pbtext":
+            text_format.Parse(path.read_text(), proto)
+        else:
+            proto.ParseFromString(path.read_bytes())
+    if not proto.HasField("sampler_params"):
+        return None
+    p = proto.sampler_params
+    return {"type": sampler_params_pb2.SamplerParameters.Type.Name(p.type), "top_k": p.k,
+            "top_p": round(p.p, 6), "temperature": round(p.temperature, 6), "seed": p.seed}
+
+
 def bundle_tflite(bundle: bytes) -> bytes:
     """The bundle's prefill/decode .tflite."""
     with tempfile.TemporaryDirectory(prefix="tpu-pipeline-litertlm-") as tmp:
@@ -116,14 +140,14 @@ def bundle_tflite(bundle: bytes) -> bytes:
 
 
 def bundle_variant(bundle: bytes, precision: str) -> bytes:
-    """The bundle with its .tflite quantized to `precision` (ai-edge-quantizer; float32 is the
-    bundle itself). Metadata and tokenizer are unchanged."""
+    """The bundle with its .tflite quantized to `precision` (an LM recipe, lm_recipes.py; float32
+    is the bundle itself). Metadata and tokenizer are unchanged."""
     if precision == "float32":
         return bundle
     if precision == "static_int8":
         raise ConversionError("static int8 of a KV-cache LM needs calibration, which is not built; "
                               "use a float or dynamic int8 profile")
-    return repack(bundle, quantize(bundle_tflite(bundle), precision, None, signature="decode"))
+    return repack(bundle, quantize_lm(bundle_tflite(bundle), precision, signature="decode"))
 
 
 def repack(bundle: bytes, tflite: bytes) -> bytes:

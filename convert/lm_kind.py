@@ -10,13 +10,18 @@ generations that agree with PyTorch token for token on its own runtime
 prefill logits). For other families the target's model.tflite is the
 bundle's own prefill/decode graph.
 
-Exported once in float32; each target's precision (its profile's
-lm_precision, else precision) is derived from that file with
-ai-edge-quantizer, as for any other model.
+Exported once in float32; each target's candidates (its profile's
+lm_precisions: LM recipes such as weight-only int8/int4, lm_recipes.py,
+preferred first) are derived from that one export with ai-edge-quantizer,
+never exported again. Each candidate is judged by greedy agreement on its
+runtimes and by its held-out perplexity against PyTorch's (profile
+max_perplexity_change); the pipeline ships the first that passes and fits
+the target's checks unless a later one is clearly faster (pipeline._choose).
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +34,11 @@ from tpu_pipeline.convert.export import quiet_native
 from tpu_pipeline.convert.kinds import ModelKind, Progress
 from tpu_pipeline.convert.lm_export import (LLAMA_FAMILY, TOKENIZER_FILES, cache_lengths, eos_token_ids,
                                             generation_parity, load_hf_causal_lm, write_decode_ready)
+from tpu_pipeline.convert.lm_recipes import (LM_PRECISIONS, heldout_sequences, quantize_lm, tflite_perplexity,
+                                             torch_perplexity)
 from tpu_pipeline.convert.lm_runtime import META_FILE, LiteRTLanguageModel
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.options import ConvertOptions
-from tpu_pipeline.convert.quantize import quantize
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo
@@ -77,10 +83,10 @@ class CausalLMKind(ModelKind):
     refused_options = {
         "input_shapes": NOT_FOR_HF, "model_class": NOT_FOR_HF, "model_kwargs": NOT_FOR_HF, "trust_pickle": NOT_FOR_HF,
         "calib": "does not apply to a causal LM: static int8 of a KV-cache LM is not built, its targets use float "
-                 "or dynamic int8 (profile lm_precision)",
+                 "or weight/dynamic int8 and int4 recipes (profile lm_precisions)",
         "eval_data": "does not apply to a causal LM: its parity inputs are prompts (pass --prompts FILE, one per line)",
     }
-    app_files = False  # snippets and firmware read a serving_default signature; this artifact has prefill/decode
+    app_files = True  # the LM snippets (snippets.py) run model.litertlm with LiteRT-LM's Kotlin/Swift API
 
     def __init__(self, path: Path, model: torch.nn.Module, prompts: list[list[int]], source: str, max_len: int,
                  prefill_len: int, tokenizer: Tokenizer):
@@ -95,6 +101,11 @@ class CausalLMKind(ModelKind):
         self.texts = [t for t in (tokenizer.decode(p, skip_special_tokens=True) for p in prompts) if t.strip()]
         self.meta: dict = {}
         self.torch_ms: float | None = None
+        # held-out text for perplexity (lm_recipes.HELDOUT_LINES the tokenizer represents)
+        self.heldout = heldout_sequences(tokenizer, max_len)
+        self.torch_ppl: float | None = None
+        # bundle sha256 -> litert_lm figures + perplexity (or the error): targets sharing a recipe measure it once
+        self.measured: dict[str, dict | ConversionError] = {}
 
     @staticmethod
     def detect(path: Path) -> bool:
@@ -143,15 +154,18 @@ class CausalLMKind(ModelKind):
     def precision(self, profile: TargetProfile) -> str:
         return profile.lm_precision or profile.precision
 
+    def candidates(self, profile: TargetProfile) -> list[str]:
+        return list(profile.lm_precisions) or [self.precision(profile)]
+
     def variant(self, float_model: Artifact, precision: str) -> Artifact:
-        if precision == "static_int8":
-            raise ConversionError("static int8 needs calibration of a KV-cache LM, which is not built; use a float "
-                                  "or dynamic int8 profile")
+        if precision not in LM_PRECISIONS:
+            raise ConversionError(f"{precision} is not an LM recipe (static int8 needs calibration of a KV-cache LM, "
+                                  f"which is not built); use one of {', '.join(LM_PRECISIONS)}")
         bundle = litertlm.bundle_variant(float_model.extra_files[litertlm.BUNDLE_FILE], precision)
         extra = {**float_model.extra_files, litertlm.BUNDLE_FILE: bundle}
         if not self.decode_ready:
             return Artifact(model=litertlm.bundle_tflite(bundle), extra_files=extra)
-        return Artifact(model=quantize(float_model.model, precision, None, signature="prefill"), extra_files=extra)
+        return Artifact(model=quantize_lm(float_model.model, precision, signature="prefill"), extra_files=extra)
 
     def _runtime(self, art: Artifact, folder: Path) -> LiteRTLanguageModel:
         folder.mkdir(parents=True, exist_ok=True)
@@ -160,27 +174,95 @@ class CausalLMKind(ModelKind):
             (folder / name).write_bytes(data)
         return LiteRTLanguageModel(folder, num_threads=MEASURE_THREADS)
 
-    def _bundle_parity(self, prof: TargetProfile, art: Artifact, work: Path, say: Progress) -> tuple[dict, list[str]]:
-        say(f"{prof.name}: greedy generations of model.litertlm through litert_lm on {len(self.texts)} prompts")
+    def _measure_bundle(self, bundle: bytes, work: Path, say: Progress) -> dict:
+        """Greedy generations through litert_lm and held-out perplexity of one bundle, measured once
+        per bundle (targets that share a recipe share the figures); ConversionError when litert_lm
+        or ai-edge-litert cannot run it (e.g. a recipe whose kernels the CPU runtime lacks)."""
+        key = hashlib.sha256(bundle).hexdigest()
+        if key not in self.measured:
+            try:
+                self.measured[key] = self._measure(bundle, work, say)
+            except ConversionError as e:
+                self.measured[key] = e
+        got = self.measured[key]
+        if isinstance(got, ConversionError):
+            raise got
+        return got
+
+    def _measure(self, bundle: bytes, work: Path, say: Progress) -> dict:
+        say(f"greedy generations of model.litertlm through litert_lm on {len(self.texts)} prompts")
         (work / "litertlm").mkdir(parents=True, exist_ok=True)
         eos = eos_token_ids(self.model)
         pad = self.model.config.pad_token_id
-        fig = litertlm.bundle_parity(self.model, self.tokenizer, art.extra_files[litertlm.BUNDLE_FILE], self.texts,
-                                     max_new_tokens=MAX_NEW_TOKENS, cache_length=self.max_len, eos_ids=eos,
-                                     pad_id=(eos or [0])[0] if pad is None else pad, work=work / "litertlm",
-                                     threads=MEASURE_THREADS)
-        return fig, litertlm.verdict(fig, prof.min_generation_agreement)
+        try:
+            fig = litertlm.bundle_parity(self.model, self.tokenizer, bundle, self.texts,
+                                         max_new_tokens=MAX_NEW_TOKENS, cache_length=self.max_len, eos_ids=eos,
+                                         pad_id=(eos or [0])[0] if pad is None else pad, work=work / "litertlm",
+                                         threads=MEASURE_THREADS)
+        except RuntimeError as e:  # the engine loads the bundle but cannot run it (its last line says why)
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or ["no message"]
+            raise ConversionError(f"litert_lm could not run model.litertlm: {lines[-1][:200]}") from None
+        say(f"held-out perplexity on {len(self.heldout)} lines (the bundle's graph on ai-edge-litert)")
+        fig["perplexity"] = self._perplexity(bundle)
+        return fig
+
+    def _perplexity(self, bundle: bytes) -> dict:
+        """The bundle's held-out perplexity next to PyTorch's float32 one (lm_recipes.py)."""
+        base = {"text": "tpu_pipeline.convert.lm_recipes.HELDOUT_LINES", "lines": len(self.heldout),
+                "tokens": sum(len(s) - 1 for s in self.heldout)}
+        if not self.heldout:
+            return {**base, "torch": None, "artifact": None, "change": None,
+                    "skipped": "the tokenizer represents none of the held-out lines"}
+        if self.torch_ppl is None:
+            self.torch_ppl = torch_perplexity(self.model, self.heldout)
+        try:
+            logits = litertlm.decode_logits(litertlm.bundle_tflite(bundle), self.heldout)
+        except (RuntimeError, ValueError) as e:
+            raise ConversionError(f"ai-edge-litert could not run the bundle's graph for perplexity: "
+                                  f"{str(e).splitlines()[0][:200]}") from None
+        got = tflite_perplexity(logits, self.heldout)
+        if got is None:
+            return {**base, "torch": self.torch_ppl, "artifact": None, "change": None,
+                    "skipped": "the decode signature has inputs beyond tokens/positions/mask/KV cache (a sliding-"
+                               "window mask); it is not driven token by token here"}
+        return {**base, "torch": self.torch_ppl, "artifact": got, "change": got / self.torch_ppl - 1}
+
+    def _bundle_parity(self, prof: TargetProfile, art: Artifact, work: Path, say: Progress) -> tuple[dict, list[str]]:
+        bundle = art.extra_files[litertlm.BUNDLE_FILE]
+        say(f"{prof.name}: model.litertlm on litert_lm")
+        fig = self._measure_bundle(bundle, work, say)
+        reasons = litertlm.verdict(fig, prof.min_generation_agreement)
+        ppl = fig["perplexity"]
+        # either way: a lower perplexity on random weights means the variant departs from float just as much
+        if ppl["change"] is not None and abs(ppl["change"]) > prof.max_perplexity_change:
+            reasons.append(f"held-out perplexity {ppl['artifact']:.4f} vs PyTorch {ppl['torch']:.4f} "
+                           f"({ppl['change']:+.2%}; bound +-{prof.max_perplexity_change:.2%})")
+        return fig, reasons
+
+    @staticmethod
+    def _recipe(bundle_fig: dict, bundle: bytes, prof: TargetProfile) -> dict:
+        """What the pipeline lists per candidate (report.json candidates[].lm): the figures an LM
+        recipe is chosen by."""
+        ppl = bundle_fig["perplexity"]
+        return {"bundle_size_bytes": len(bundle), "generation_agreement": bundle_fig["generation_agreement"],
+                "near_ties": bundle_fig["near_ties"], "agreement_with_near_ties": bundle_fig["agreement_with_near_ties"],
+                "perplexity": ppl["artifact"], "perplexity_torch": ppl["torch"], "perplexity_change": ppl["change"],
+                "max_perplexity_change": prof.max_perplexity_change}
 
     def parity(self, prof: TargetProfile, art: Artifact, info: ModelInfo, o: ConvertOptions, work: Path,
                say: Progress) -> Parity:
         bundle, bundle_reasons = self._bundle_parity(prof, art, work, say)
+        skipped_ppl = bundle["perplexity"].get("skipped")
+        ppl_warnings = [f"held-out perplexity not measured: {skipped_ppl}"] if skipped_ppl else []
         if not self.decode_ready:
-            warnings = [f"browser parity skipped: the in-browser page drives the decode-ready export "
-                        f"({self.decode_ready_skipped})"] if prof.browser_parity else []
+            warnings = ppl_warnings + ([f"browser parity skipped: the in-browser page drives the decode-ready export "
+                                        f"({self.decode_ready_skipped})"] if prof.browser_parity else [])
             figures = {"passed": not bundle_reasons, "reasons": bundle_reasons, "runtime": "litert_lm",
                        **{k: bundle[k] for k in ("prompts", "generation_agreement", "first_generation_divergence")},
                        "litert_lm": bundle, "max_new_tokens": MAX_NEW_TOKENS,
-                       "tolerances": {"min_generation_agreement": prof.min_generation_agreement}}
+                       "lm_recipe": self._recipe(bundle, art.extra_files[litertlm.BUNDLE_FILE], prof),
+                       "tolerances": {"min_generation_agreement": prof.min_generation_agreement,
+                                      "max_perplexity_change": prof.max_perplexity_change}}
             return Parity(figures=figures, warnings=warnings, runtime=litertlm.RUNTIME)
         say(f"{prof.name}: greedy generations on {len(self.prompts)} prompts vs PyTorch")
         gen = generation_parity(self.model, self._runtime(art, work), self.prompts, MAX_NEW_TOKENS)
@@ -189,7 +271,7 @@ class CausalLMKind(ModelKind):
                                 atol=o.atol if o.atol is not None else prof.atol,
                                 rtol=o.rtol if o.rtol is not None else prof.rtol)
         ok_logits, reasons = parity.judge({"logits": logits}, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
-        runtime, warnings, browser = RUNTIME, [], None
+        runtime, warnings, browser = RUNTIME, list(ppl_warnings), None
         if prof.browser_parity:
             browser = self._browser_generations(prof, work, ref_ids, say)
             if "skipped" in browser:
@@ -207,9 +289,11 @@ class CausalLMKind(ModelKind):
                               f"(need {prof.min_generation_agreement:.0%}); first divergence: prompt {d['prompt']}, "
                               f"token {d['token_index']} (torch {d['torch']}, litert {d['litert']})")
         tolerances = {**parity.tolerances(prof, o.atol, o.rtol, o.min_cosine),
-                      "min_generation_agreement": prof.min_generation_agreement}
+                      "min_generation_agreement": prof.min_generation_agreement,
+                      "max_perplexity_change": prof.max_perplexity_change}
         figures = {"passed": ok_gen and ok_logits and not bundle_reasons, "reasons": reasons + bundle_reasons,
                    "runtime": "ai-edge-litert", "litert_lm": bundle, **({"browser": browser} if browser else {}),
+                   "lm_recipe": self._recipe(bundle, art.extra_files[litertlm.BUNDLE_FILE], prof),
                    **gen, "max_new_tokens": MAX_NEW_TOKENS, "outputs": {"logits": logits}, "tolerances": tolerances,
                    **{k: logits[k] for k in ("max_abs", "rmse", "cosine", "snr_db", "top1") if k in logits}}
         return Parity(figures=figures, warnings=warnings, runtime=f"{runtime}; {litertlm.RUNTIME}")
@@ -263,7 +347,8 @@ class CausalLMKind(ModelKind):
                 "passed": r.passed, "quantization": r.quantization, "runtime": r.runtime,
                 "size_bytes": r.size_bytes, "sha256": r.sha256, "lm": META_FILE if self.decode_ready else None,
                 "litertlm": {"file": litertlm.BUNDLE_FILE, "size_bytes": len(bundle), "cache_length": self.max_len,
-                             "prefill_length": self.prefill_len, "exporter": "litert-torch export_hf"}
+                             "prefill_length": self.prefill_len, "exporter": "litert-torch export_hf",
+                             "sampler": litertlm.sampler_defaults(bundle)}
                 if bundle else None,
                 "tokenizer": [n for n in TOKENIZER_FILES if n in r.artifact.extra_files],
                 "parity": r.parity, "latency_ms": r.latency_ms, "errors": r.errors, "warnings": r.warnings}

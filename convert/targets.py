@@ -18,6 +18,9 @@ from tpu_pipeline.registry import Registry
 
 TARGET_ORDER = ("android", "ios", "desktop", "web", "iot")
 Precision = Literal["float32", "float16", "dynamic_int8", "static_int8"]
+# LM recipes (convert/lm_recipes.py): ai-edge-quantizer recipes applied to an LM's float32 export
+LMPrecision = Literal["float32", "float16", "dynamic_int8", "weight_only_int8", "weight_only_int4",
+                      "dynamic_int4_block32"]
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True)
@@ -44,7 +47,9 @@ class TargetProfile:
     check_abs: bool
     causal_lm: bool = True                  # decode-ready LMs (prefill/decode + KV cache) are built for this target
     min_generation_agreement: float = 1.0   # LMs: share of parity prompts whose greedy tokens must match PyTorch
-    lm_precision: Literal["", "float32", "float16", "dynamic_int8"] = ""  # LMs: precision if not `precision`
+    lm_precision: Literal["", "float32", "float16", "dynamic_int8"] = ""  # LMs: precision if not `precision` (when lm_precisions is empty)
+    lm_precisions: list[LMPrecision] = dataclasses.field(default_factory=list)  # LMs: recipes measured, preferred first ([] = lm_precision)
+    max_perplexity_change: float = 0.02     # LMs: held-out perplexity may differ from PyTorch's float32 by this fraction at most
     browser_parity: bool = False            # also run parity in headless Chromium with LiteRT.js
     firmware: bool = False                  # write model_data.cc/.h and the measured TFLM arena
     app_snippet: Literal["", "kotlin", "swift"] = ""  # loader snippet written next to the artifact

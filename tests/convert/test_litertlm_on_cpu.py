@@ -181,3 +181,97 @@ def test_convert_refuses_unsupported_lm_in_one_line_writing_nothing(tmp_path, fa
     assert len(errors) == 1 and words in errors[0], r.output
     assert r.output.strip().endswith(errors[0])  # the error is the last line, nothing after it
     assert not (tmp_path / "dist").exists()
+
+
+def _profiles_with(tmp_path, lists: dict[str, list[str]], max_ppl: float):
+    """The shipped profiles with these targets' lm_precisions (and perplexity bound) replaced."""
+    import re
+    import shutil
+
+    from tpu_pipeline.convert.targets import profile_dir
+
+    d = tmp_path / "profiles"
+    shutil.copytree(profile_dir(), d)
+    for name, precisions in lists.items():
+        path = d / f"{name}.toml"
+        text = re.sub(r"^(lm_precisions|max_perplexity_change) = .*$", "", path.read_text(), flags=re.M)
+        path.write_text(text + f"\nlm_precisions = {precisions!r}\nmax_perplexity_change = {max_ppl}\n".replace(
+            "'", '"'))
+    return d
+
+
+@pytest.mark.slow
+def test_convert_measures_lm_recipes_and_ships_the_one_the_rule_picks(tmp_path):
+    """One conversion, two LM recipes on android: each measured on litert_lm (greedy agreement) and
+    on held-out text (perplexity vs PyTorch); weight-only int4 misses a 0.1% perplexity bound, so
+    the next in the profile's order ships. The android/ios folders get LiteRT-LM snippets with the
+    bundle's name and the sampler written into it."""
+    import json
+
+    from tpu_pipeline.convert import convert
+
+    folder = save_family("llama", tmp_path / "llama", kv_heads=2)
+    (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    bound = 0.001
+    profiles = _profiles_with(tmp_path, {"android": ["weight_only_int4", "float16"], "ios": ["float16"]}, bound)
+    out = tmp_path / "dist"
+    result = convert(folder, targets="android,ios,desktop", out=out, prompts=tmp_path / "prompts.txt",
+                     lm_max_len=CACHE, lm_prefill_len=16, latency=False, profile_dir=profiles)
+    # float32: the bundle's own graph reproduces PyTorch's held-out perplexity
+    desk = result["desktop"].parity["lm_recipe"]
+    assert desk["perplexity_torch"] > 1 and abs(desk["perplexity_change"]) < 1e-4, desk
+    android = result["android"]
+    cands = {c["precision"]: c for c in android.candidates}
+    assert list(cands) == ["weight_only_int4", "float16"]
+    int4, fp16 = cands["weight_only_int4"]["lm"], cands["float16"]["lm"]
+    for lm in (int4, fp16):
+        assert lm["perplexity_torch"] == desk["perplexity_torch"] and lm["max_perplexity_change"] == bound
+        assert 0 <= lm["generation_agreement"] <= lm["agreement_with_near_ties"] <= 1
+    assert int4["bundle_size_bytes"] < fp16["bundle_size_bytes"]
+    assert cands["weight_only_int4"]["size_bytes"] < cands["float16"]["size_bytes"]
+    # int4 weights of this random model move perplexity by far more than the bound (lower, here: either way fails)
+    assert abs(int4["perplexity_change"]) > 10 * bound and not cands["weight_only_int4"]["passed"]
+    assert abs(fp16["perplexity_change"]) < bound and cands["float16"]["passed"]
+    # no latency measured: the first candidate in the profile's order that passes ships
+    assert android.passed and android.precision == "float16" and cands["float16"]["chosen"]
+    assert "weight_only_int4 failed parity" in android.chosen_because
+    report = json.loads((out / "report.json").read_text())
+    assert report["targets"]["android"]["candidates"][0]["lm"]["perplexity_change"] == int4["perplexity_change"]
+    # app snippets: the real bundle name, its KV cache, and the sampler in the bundle (greedy: the folder does
+    # not sample)
+    meta = json.loads((out / "android" / "model.json").read_text())
+    assert meta["litertlm"]["sampler"] == {"type": "GREEDY", "top_k": 1, "top_p": 1.0, "temperature": 1.0, "seed": 0}
+    kt = (out / "android" / "LlmRunner.kt").read_text()
+    assert f'"$modelDir/{litertlm.BUNDLE_FILE}"' in kt and f"maxNumTokens = {CACHE}," in kt
+    assert "SamplerConfig(topK = 1, topP = 1.0, temperature = 1.0, seed = 0)" in kt
+    assert meta["app_snippet"].endswith("android/LlmRunner.kt")
+    swift = (out / "ios" / "LlmRunner.swift").read_text()
+    assert 'forResource: "model", ofType: "litertlm"' in swift
+    assert "try? SamplerConfig(topK: 1, topP: 1.0, temperature: 1.0, seed: 0)" in swift
+    assert not (out / "desktop" / "LlmRunner.kt").exists()  # desktop has no app_snippet
+
+
+def test_lm_recipe_verdict_bounds_perplexity_either_way(tmp_path):
+    """A recipe whose greedy tokens agree still fails when its held-out perplexity moves past the
+    profile's bound, up or down (the figures are the kind's per-bundle measurements)."""
+    import dataclasses
+    import hashlib
+
+    from tpu_pipeline.convert.lm_kind import CausalLMKind
+    from tpu_pipeline.convert.result import Artifact
+    from tpu_pipeline.convert.targets import load_profiles
+
+    bundle = b"LITERTLM bundle bytes"
+    art = Artifact(model=b"", extra_files={litertlm.BUNDLE_FILE: bundle})
+    prof = dataclasses.replace(load_profiles().get("android"), max_perplexity_change=0.02)
+    kind = object.__new__(CausalLMKind)  # no model: the measurements are given
+    agree = {"generation_agreement": 1.0, "near_ties": 0, "agreement_with_near_ties": 1.0,
+             "first_generation_divergence": None, "logit_max_abs": None, "tokenizer_agreement": 1.0}
+    for change, passes in ((0.019, True), (-0.019, True), (0.021, False), (-0.03, False)):
+        ppl = {"torch": 10.0, "artifact": 10.0 * (1 + change), "change": change}
+        kind.measured = {hashlib.sha256(bundle).hexdigest(): {**agree, "perplexity": ppl}}
+        _, reasons = kind._bundle_parity(prof, art, tmp_path, lambda _msg: None)
+        assert (reasons == []) == passes, (change, reasons)
+        if not passes:
+            assert reasons == [f"held-out perplexity {ppl['artifact']:.4f} vs PyTorch 10.0000 ({change:+.2%}; "
+                               "bound +-2.00%)"]
