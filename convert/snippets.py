@@ -1,6 +1,12 @@
 """Loader snippets for app developers (Kotlin for android, Swift for ios),
 filled in with the artifact's real input/output names, shapes and dtypes
-from model.json. Text to paste into an app, not a built app."""
+from model.json. Text to paste into an app, not a built app.
+
+A language model's target (model.json with a `litertlm` bundle) gets an LM
+snippet instead: LlmRunner.kt / LlmRunner.swift run the bundle with
+LiteRT-LM's Kotlin / Swift API (Engine, Conversation), filled in with the
+bundle's file name, its KV-cache length and the sampler defaults written into
+the bundle (model.json's litertlm.sampler)."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from pathlib import Path
 
 TEMPLATES = Path(__file__).parent / "snippets"
 SNIPPET_FILES = {"kotlin": ("android.kt.tmpl", "ModelRunner.kt"), "swift": ("ios.swift.tmpl", "ModelRunner.swift")}
+LM_SNIPPET_FILES = {"kotlin": ("android_lm.kt.tmpl", "LlmRunner.kt"), "swift": ("ios_lm.swift.tmpl", "LlmRunner.swift")}
 # dtype -> (Kotlin array, TensorBuffer write, read) and (Swift element type)
 KOTLIN = {"float32": ("FloatArray", "writeFloat", "readFloat"), "int32": ("IntArray", "writeInt", "readInt"),
           "int8": ("ByteArray", "writeInt8", "readInt8")}
@@ -60,10 +67,40 @@ def render(language: str, model_json: dict, model_name: str) -> str:
                            return_type=return_type, writes=writes, reads=reads)
 
 
+def _sampler(sampler: dict | None) -> tuple[str, str, str]:
+    """(comment, Kotlin expression, Swift expression) for the bundle's sampler defaults."""
+    if not sampler:
+        return ("The bundle carries no sampler defaults: none is passed, so LiteRT-LM uses its engine's own.", "null", "nil")
+    k, p, t, seed = sampler["top_k"], float(sampler["top_p"]), float(sampler["temperature"]), sampler["seed"]
+    doc = (f"Sampler defaults written into the bundle (its LLM metadata): {sampler['type']}, top_k {k}, "
+           f"top_p {p:g}, temperature {t:g}, seed {seed}"
+           + (" (greedy: the decoding convert's parity checked)." if k == 1 else "."))
+    return (doc, f"SamplerConfig(topK = {k}, topP = {p!r}, temperature = {t!r}, seed = {seed})",
+            f"try? SamplerConfig(topK: {k}, topP: {p!r}, temperature: {t!r}, seed: {seed})")
+
+
+def render_lm(language: str, model_json: dict, model_name: str) -> str:
+    """The LiteRT-LM snippet for an LM target's model.json (its `litertlm` entry)."""
+    tmpl_name, _ = LM_SNIPPET_FILES[language]
+    bundle = model_json["litertlm"]
+    doc, kotlin, swift = _sampler(bundle.get("sampler"))
+    stem, _, ext = bundle["file"].rpartition(".")
+    text = string.Template((TEMPLATES / tmpl_name).read_text())
+    return text.substitute(model=model_name, target=model_json.get("target", ""),
+                           quantization=model_json["quantization"], class_name="LlmRunner", bundle=bundle["file"],
+                           bundle_stem=stem, bundle_ext=ext, max_num_tokens=bundle["cache_length"],
+                           sampler_doc=doc, kotlin_sampler=kotlin, swift_sampler=swift)
+
+
 def write_snippet(language: str, model_json: dict, out_dir: str | Path, model_name: str) -> Path | None:
-    """language: a target profile's `app_snippet` ("" writes nothing)."""
+    """language: a target profile's `app_snippet` ("" writes nothing). An LM target (model.json
+    with a `litertlm` bundle) gets the LiteRT-LM snippet; any other the LiteRT loader."""
     if not language:
         return None
+    if model_json.get("litertlm"):
+        path = Path(out_dir) / LM_SNIPPET_FILES[language][1]
+        path.write_text(render_lm(language, model_json, model_name))
+        return path
     path = Path(out_dir) / SNIPPET_FILES[language][1]
     path.write_text(render(language, model_json, model_name))
     return path

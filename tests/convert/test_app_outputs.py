@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tpu_pipeline.convert.firmware import measure_arena, suggested_arena, write_c_array
-from tpu_pipeline.convert.snippets import render, write_snippet
+from tpu_pipeline.convert.snippets import render, render_lm, write_snippet
 from tpu_pipeline.errors import ConversionError
 from tpu_pipeline.files import sha256_file
 
@@ -87,3 +87,31 @@ def test_ios_snippet_and_int8_quantization_note(tmp_path):
     assert "func run(_ x: [Int8]) throws -> [Int8]" in text
     assert "scale 0.5, zero point -3" in text and "precondition(x.count == 8)" in text
     assert write_snippet("", mj, tmp_path, "tiny") is None
+
+
+LM_MODEL_JSON = {
+    "target": "android", "quantization": "weight_only_int8", "kind": "decode-ready-lm",
+    "litertlm": {"file": "model.litertlm", "size_bytes": 2306000, "cache_length": 96, "prefill_length": 16,
+                 "exporter": "litert-torch export_hf",
+                 "sampler": {"type": "TOP_P", "top_k": 40, "top_p": 0.95, "temperature": 0.7, "seed": 0}},
+}
+
+
+def test_lm_snippets_run_the_bundle_with_its_sampler_defaults(tmp_path):
+    """An LM target's model.json (a `litertlm` entry) gets LiteRT-LM snippets, not the tensor loader:
+    the bundle's file name, its KV-cache length and the sampler written into the bundle."""
+    kt = write_snippet("kotlin", LM_MODEL_JSON, tmp_path, "policy")
+    assert kt.name == "LlmRunner.kt" and not (tmp_path / "ModelRunner.kt").exists()
+    text = kt.read_text()
+    assert 'modelPath = "$modelDir/model.litertlm"' in text and "maxNumTokens = 96," in text
+    assert "SamplerConfig(topK = 40, topP = 0.95, temperature = 0.7, seed = 0)" in text
+    assert "engine.createConversation(ConversationConfig(samplerConfig = sampler))" in text
+    assert "for policy: android target, weight_only_int8" in text and "${" not in text
+    swift = write_snippet("swift", {**LM_MODEL_JSON, "target": "ios"}, tmp_path, "policy").read_text()
+    assert 'Bundle.main.path(forResource: "model", ofType: "litertlm")' in swift and "maxNumTokens: 96," in swift
+    assert "try? SamplerConfig(topK: 40, topP: 0.95, temperature: 0.7, seed: 0)" in swift
+    assert "TOP_P, top_k 40, top_p 0.95, temperature 0.7" in swift
+    # no sampler in the bundle: none is passed (the engine's own defaults), and the snippet says so
+    bare = {**LM_MODEL_JSON, "litertlm": {**LM_MODEL_JSON["litertlm"], "sampler": None}}
+    assert "private val sampler: SamplerConfig? = null" in render_lm("kotlin", bare, "policy")
+    assert "no sampler defaults" in render_lm("swift", bare, "policy")
