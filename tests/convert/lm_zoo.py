@@ -1,7 +1,8 @@
 """Tiny random Hugging Face causal LMs, one per family, saved as HF folders with
 the project's offline character tokenizer (train/arith.py). Nothing downloaded.
 
-Used by tests/convert/test_litertlm_on_cpu.py and bench/lm_families.py (which
+Used by tests/convert/test_litertlm_on_cpu.py, tests/convert/test_lm_families_on_cpu.py and
+bench/lm_families.py (which
 loads this file by path). initializer_range 0.2 (HF's default is 0.02) gives
 random weights decisive logits, so greedy text is not a chain of near-ties.
 """
@@ -30,8 +31,12 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
     "mistral_sliding": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16, "num_key_value_heads": 1}),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16, "sliding_window": 8}),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16, "sliding_window": 8}),
+    # Untied head: with Gemma's scaled embeddings a tied random head repeats the input token
+    # forever, greedy text that no sliding window (or its absence) can change.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16, "sliding_window": 8,
+                                                     "tie_word_embeddings": False}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16, "sliding_window": 8,
+                                                         "tie_word_embeddings": False}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", None),  # its own keyword names, below
 }
