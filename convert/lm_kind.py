@@ -241,8 +241,8 @@ class CausalLMKind(ModelKind):
 
     @staticmethod
     def _recipe(bundle_fig: dict, bundle: bytes, prof: TargetProfile) -> dict:
-        """What the pipeline lists per candidate (report.json candidates[].lm): the figures an LM
-        recipe is chosen by."""
+        """What the pipeline adds to each candidate (report.json targets.*.candidates[], report.html's
+        side-by-side table): the figures an LM recipe is chosen by."""
         ppl = bundle_fig["perplexity"]
         return {"bundle_size_bytes": len(bundle), "generation_agreement": bundle_fig["generation_agreement"],
                 "near_ties": bundle_fig["near_ties"], "agreement_with_near_ties": bundle_fig["agreement_with_near_ties"],

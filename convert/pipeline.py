@@ -262,7 +262,7 @@ def _target(prof: TargetProfile, run: _Run, gate: Parity | None) -> TargetResult
         winner.candidates = [{"precision": t.quantization, "passed": t.passed, "size_bytes": t.size_bytes,
                               "latency_ms": (t.latency_ms or {}).get("artifact"), "failure": t.failure,
                               "cosine": (t.parity or {}).get("cosine"), "errors": t.errors[:1],
-                              **({"lm": t.parity["lm_recipe"]} if "lm_recipe" in (t.parity or {}) else {}),
+                              **(t.parity or {}).get("lm_recipe", {}),
                               "chosen": t is winner} for t in tries]
         winner.chosen_because = why
         run.say(f"{prof.name}: {winner.quantization} ({why})")

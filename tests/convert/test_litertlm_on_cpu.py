@@ -223,20 +223,21 @@ def test_convert_measures_lm_recipes_and_ships_the_one_the_rule_picks(tmp_path):
     android = result["android"]
     cands = {c["precision"]: c for c in android.candidates}
     assert list(cands) == ["weight_only_int4", "float16"]
-    int4, fp16 = cands["weight_only_int4"]["lm"], cands["float16"]["lm"]
+    int4, fp16 = cands["weight_only_int4"], cands["float16"]
     for lm in (int4, fp16):
         assert lm["perplexity_torch"] == desk["perplexity_torch"] and lm["max_perplexity_change"] == bound
         assert 0 <= lm["generation_agreement"] <= lm["agreement_with_near_ties"] <= 1
     assert int4["bundle_size_bytes"] < fp16["bundle_size_bytes"]
-    assert cands["weight_only_int4"]["size_bytes"] < cands["float16"]["size_bytes"]
+    assert int4["size_bytes"] < fp16["size_bytes"]
     # int4 weights of this random model move perplexity by far more than the bound (lower, here: either way fails)
-    assert abs(int4["perplexity_change"]) > 10 * bound and not cands["weight_only_int4"]["passed"]
-    assert abs(fp16["perplexity_change"]) < bound and cands["float16"]["passed"]
+    assert abs(int4["perplexity_change"]) > 10 * bound and not int4["passed"]
+    assert abs(fp16["perplexity_change"]) < bound and fp16["passed"]
     # no latency measured: the first candidate in the profile's order that passes ships
-    assert android.passed and android.precision == "float16" and cands["float16"]["chosen"]
+    assert android.passed and android.precision == "float16" and fp16["chosen"]
     assert "weight_only_int4 failed parity" in android.chosen_because
     report = json.loads((out / "report.json").read_text())
-    assert report["targets"]["android"]["candidates"][0]["lm"]["perplexity_change"] == int4["perplexity_change"]
+    assert report["targets"]["android"]["candidates"][0]["perplexity_change"] == int4["perplexity_change"]
+    assert "<th>perplexity_change</th>" in (out / "report.html").read_text()  # the side-by-side table
     # app snippets: the real bundle name, its KV cache, and the sampler in the bundle (greedy: the folder does
     # not sample)
     meta = json.loads((out / "android" / "model.json").read_text())
