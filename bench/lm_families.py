@@ -104,7 +104,9 @@ def run_case(zoo, family: str, kv: str, work: Path) -> dict:
     row["litert_lm_speed"] = litertlm.latency(bundle, prompt, NEW_TOKENS, work / "speed", max_num_tokens=CACHE,
                                               threads=1)
     row["torch_speed"] = torch_speed(model, prompt_ids, max(2, lengths[prompt]))
-    row["status"] = "ok" if row["float32"]["generation_agreement"] == 1.0 else "parity failed"
+    f32 = row["float32"]
+    row["status"] = ("parity failed" if f32["generation_agreement"] < 1.0 else
+                     "tokenizer differs" if f32["tokenizer_agreement"] < 1.0 else "ok")
     return row
 
 
@@ -120,8 +122,10 @@ def markdown(rows: list[dict]) -> str:
         qa = f"{q['generation_agreement']:.0%} ({q['near_ties']})" if q else ""
         size = f"{f['size_bytes'] / 1024:.0f} / {q['size_bytes'] / 1024:.0f}" if f else ""
         export = f"{r['export_s']:.0f}" if "export_s" in r else ""
+        note = r.get("reason") or (f"bundle tokenizer agrees on {f['tokenizer_agreement']:.0%} of prompts"
+                                   if f and f["tokenizer_agreement"] < 1.0 else "")
         lines.append(f"| {r['family']} | {r['kv_heads']} | {r['status']} | {export} | {agree} | {qa} | {size} | "
-                     f"{speed} | {r.get('reason', '')} |")
+                     f"{speed} | {note} |")
     return "\n".join(lines) + "\n"
 
 
