@@ -1,18 +1,22 @@
-"""LM quantization recipes side by side on the app's runtime (issue 12 item 4, measured, not wired).
+"""LM quantization recipes side by side, through `convert` itself (issue 12 item 4).
 
-One float32 .litertlm (litert-torch export_hf) of a Hugging Face causal LM;
-each recipe quantizes the bundle's .tflite with ai-edge-quantizer and repacks
-it (convert/litertlm.py). Per recipe: bundle size, greedy token agreement with
-transformers through litert_lm (near-tie rule), and perplexity on held-out
-arithmetic text from the variant's own logits (its .tflite teacher-forced on
-ai-edge-litert), next to PyTorch's perplexity on the same tokens.
+One `convert` of a Hugging Face causal LM with a profile whose `lm_precisions`
+lists every LM recipe (convert/lm_recipes.py): the report's candidates give,
+per recipe, bundle size, greedy agreement with transformers through litert_lm
+(near-tie rule), held-out perplexity change vs PyTorch float32, decode-ready
+parity on ai-edge-litert, ms per token, and why the winner won. Every recipe
+is derived from the one float32 export (nothing is exported twice). The
+progress messages are timed, so the cost of each extra candidate (quantize +
+parity + perplexity + latency) is measured too: what a profile's list adds
+to convert's wall time.
 
 Default model: the default grpo_math policy architecture (tests/convert/lm_zoo.py,
 random weights unless --hf names a trained policy folder such as
 runs/demo/grpo_math/policy). Writes OUT/lm_recipes.json and OUT/lm_recipes.md.
 
-CPU command (one export, a few minutes):
+CPU commands (one export each, a few minutes; --defaults: two converts of every target):
     .venv/bin/python bench/lm_recipes.py --out /tmp/lm_recipes [--hf runs/demo/grpo_math/policy]
+    .venv/bin/python bench/lm_recipes.py --out /tmp/lm_recipes --defaults
 """
 
 from __future__ import annotations
@@ -20,31 +24,20 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
+import re
+import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-import torch
-from ai_edge_quantizer import quantizer, recipe
-from tokenizers import Tokenizer
-
-from tpu_pipeline.convert import litertlm
-from tpu_pipeline.convert.lm_export import eos_token_ids, load_hf_causal_lm
-from tpu_pipeline.convert.quantize import recipe_for
-from tpu_pipeline.train.arith import heldout_problems, target_text
+from tpu_pipeline.convert import convert
+from tpu_pipeline.convert.lm_recipes import LM_PRECISIONS
+from tpu_pipeline.convert.targets import profile_dir
 
 REPO = Path(__file__).resolve().parent.parent
-CACHE, PREFILL, NEW_TOKENS, HELDOUT = 64, 16, 16, 64
-# name -> ai-edge-quantizer recipe (None: the float32 bundle itself)
-RECIPES = {
-    "float32": None,
-    "float16": recipe_for("float16"),
-    "dynamic_int8": recipe.dynamic_wi8_afp32(),
-    "weight_only_int8": recipe.weight_only_wi8_afp32(),
-    "weight_only_int4": recipe.weight_only_wi4_afp32(),
-    "dynamic_int4_block32": recipe.dynamic_wi4b32_afp32(),
-}
+CACHE, PREFILL = 64, 16
+TARGET = "android"  # the profile whose list is replaced by every recipe (float16's elementwise logit bounds)
 
 
 def load_zoo():
@@ -55,85 +48,99 @@ def load_zoo():
     return zoo
 
 
-def variant(bundle: bytes, r) -> bytes:
-    if r is None:
-        return bundle
-    q = quantizer.Quantizer(bytearray(litertlm.bundle_tflite(bundle)), r)
-    return litertlm.repack(bundle, bytes(q.quantize(None, enable_progress_report=False).quantized_model))
+def profiles_with_every_recipe(dst: Path) -> Path:
+    shutil.copytree(profile_dir(), dst)
+    path = dst / f"{TARGET}.toml"
+    text = re.sub(r"^lm_precisions = .*$", "", path.read_text(), flags=re.M)
+    path.write_text(text + f"\nlm_precisions = {json.dumps(list(LM_PRECISIONS))}\n")
+    return dst
 
 
-def bundle_perplexity(bundle: bytes, tok: Tokenizer, pairs: list[tuple[str, str]]) -> float:
-    """exp(mean NLL) of each target given its prompt, from the bundle's own .tflite logits
-    (teacher-forced decode on ai-edge-litert: the graph litert_lm runs). litert_lm's
-    Session.run_text_scoring was tried first: its per-token scores differ from PyTorch's
-    log-probs by up to 1.2 nats on a float32 bundle whose greedy text matches exactly, so it
-    is not used."""
-    seqs = [(tok.encode(p).ids, tok.encode(t, add_special_tokens=False).ids) for p, t in pairs]
-    logits = litertlm.decode_logits(litertlm.bundle_tflite(bundle), [p + t for p, t in seqs])
-    nll, n = 0.0, 0
-    for (p, t), lg in zip(seqs, logits):
-        logp = torch.log_softmax(torch.from_numpy(lg).double(), -1)
-        nll -= sum(float(logp[len(p) - 1 + i, tid]) for i, tid in enumerate(t))
-        n += len(t)
-    return math.exp(nll / n)
+def profiles_before(dst: Path) -> Path:
+    """The shipped profiles as they were before LM recipes were measured: one precision per LM
+    target (lm_precisions removed; web's LMs float16, as its lm_precision said)."""
+    shutil.copytree(profile_dir(), dst)
+    for path in dst.glob("*.toml"):
+        text = re.sub(r"^(lm_precisions|max_perplexity_change) = .*$", "", path.read_text(), flags=re.M)
+        path.write_text(text + ('\nlm_precision = "float16"\n' if path.stem == "web" else ""))
+    return dst
 
 
-def torch_perplexity(model, tok: Tokenizer, pairs: list[tuple[str, str]]) -> float:
-    nll, n = 0.0, 0
-    for prompt, target in pairs:
-        p = tok.encode(prompt).ids
-        t = tok.encode(target, add_special_tokens=False).ids
-        with torch.no_grad():
-            logp = torch.log_softmax(model(torch.tensor([p + t])).logits[0].float(), -1)
-        nll -= sum(float(logp[len(p) - 1 + i, tid]) for i, tid in enumerate(t))
-        n += len(t)
-    return math.exp(nll / n)
+def compare_defaults(folder: Path, prompts: Path, work: Path, out: Path) -> None:
+    """`--targets all` twice: with one precision per LM target (before) and with the shipped
+    profiles' lm_precisions (two recipes per phone/web target): what measuring them adds."""
+    rows = {}
+    for label, profiles in (("before", profiles_before(work / "p_before")), ("shipped", profile_dir())):
+        t0 = time.perf_counter()
+        r = convert(folder, targets="all", out=work / f"dist_{label}", prompts=prompts, lm_max_len=CACHE,
+                    lm_prefill_len=PREFILL, profile_dir=profiles, progress=lambda m: print(f"[{label}] {m}", flush=True))
+        rows[label] = {"wall_s": time.perf_counter() - t0, "export_s": r.report["export_s"],
+                       "targets": {n: {"precision": t.precision, "passed": t.passed, "chosen_because": t.chosen_because,
+                                       "candidates": t.candidates, "timings_s": t.timings_s}
+                                   for n, t in r.targets.items()}}
+    (out / "lm_recipes_defaults.json").write_text(json.dumps(rows, indent=1, default=str))
+    for label, row in rows.items():
+        print(f"{label}: wall {row['wall_s']:.0f} s (export {row['export_s']:.0f} s); " + ", ".join(
+            f"{n} {t['precision']}{'' if t['passed'] else ' FAILED'}" for n, t in row["targets"].items()))
+    print(f"added by the shipped lm_precisions: {rows['shipped']['wall_s'] - rows['before']['wall_s']:+.0f} s")
+
+
+def candidate_costs(log: list[tuple[float, str]]) -> dict[str, float]:
+    """Seconds from each recipe's `quantize (X, ...)` message to the next recipe's (or to the
+    write step): its quantize + checks + parity + perplexity + latency."""
+    starts = [(t, m.split("(")[1].split(",")[0]) for t, m in log if m.startswith("quantize (")]
+    end = next((t for t, m in log if m.startswith("write:")), log[-1][0])
+    return {name: (starts[i + 1][0] if i + 1 < len(starts) else end) - t for i, (t, name) in enumerate(starts)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("runs/bench_lm_recipes"))
     ap.add_argument("--hf", type=Path, default=None, help="HF causal-LM folder (default: grpo_math policy shape)")
+    ap.add_argument("--defaults", action="store_true",
+                    help="instead: convert --targets all with one precision per LM target, then with the shipped "
+                         "profiles' lm_precisions, and compare wall times")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     zoo = load_zoo()
+    log: list[tuple[float, str]] = []
+
+    def say(msg: str) -> None:
+        log.append((time.perf_counter(), msg))
+        print(f"{log[-1][0] - log[0][0]:7.1f}s {msg}", flush=True)
+
     with tempfile.TemporaryDirectory(prefix="lm-recipes-") as tmp:
         work = Path(tmp)
         folder = args.hf or zoo.save_grpo_policy_shape(work / "hf")
-        model = load_hf_causal_lm(folder)
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        eos = eos_token_ids(model)
-        eos_text = tok.id_to_token(eos[0]) if eos else ""
-        pairs = [(p.prompt, target_text(p.answer) + eos_text) for p in heldout_problems(HELDOUT)]
-        bundle = litertlm.export_bundle(folder, work, cache_length=CACHE, prefill_length=PREFILL)
-        rows = {"model": str(args.hf or "grpo_math policy shape, random weights"), "heldout_pairs": len(pairs),
-                "torch_perplexity": torch_perplexity(model, tok, pairs), "recipes": {}}
-        for name, r in RECIPES.items():
-            b = variant(bundle, r)
-            sub = work / name
-            sub.mkdir()
-            try:
-                par = litertlm.bundle_parity(model, tok, b, list(zoo.PROMPTS), max_new_tokens=NEW_TOKENS,
-                                             cache_length=CACHE, eos_ids=eos, pad_id=0, work=sub)
-                rows["recipes"][name] = {
-                    "size_bytes": len(b), "perplexity": bundle_perplexity(b, tok, pairs),
-                    **{k: par[k] for k in ("generation_agreement", "near_ties", "agreement_with_near_ties",
-                                           "logit_max_abs", "first_generation_divergence")}}
-            except RuntimeError as e:  # litert_lm cannot run this variant: that is the result
-                rows["recipes"][name] = {"size_bytes": len(b), "error": str(e).replace("\n", " ")[:200]}
-            print(name, json.dumps(rows["recipes"][name]), flush=True)
-    (args.out / "lm_recipes.json").write_text(json.dumps(rows, indent=1))
-    lines = [f"Model: {rows['model']}; held-out pairs: {len(pairs)}; PyTorch perplexity "
-             f"{rows['torch_perplexity']:.4f}", "",
-             "| recipe | bundle KB | greedy agreement (near-ties) | perplexity | change vs PyTorch |",
-             "|---|---|---|---|---|"]
-    base = rows["torch_perplexity"]
-    for name, r in rows["recipes"].items():
-        if "error" in r:
-            lines.append(f"| {name} | {r['size_bytes'] / 1024:.0f} | does not run on litert_lm: {r['error']} | | |")
-            continue
-        lines.append(f"| {name} | {r['size_bytes'] / 1024:.0f} | {r['generation_agreement']:.0%} ({r['near_ties']}) | "
-                     f"{r['perplexity']:.4f} | {100 * (r['perplexity'] / base - 1):+.2f}% |")
+        prompts = work / "prompts.txt"
+        prompts.write_text("\n".join(zoo.PROMPTS) + "\n")
+        if args.defaults:
+            return compare_defaults(folder, prompts, work, args.out)
+        t0 = time.perf_counter()
+        result = convert(folder, targets=f"desktop,{TARGET}", out=work / "dist", progress=say, prompts=prompts,
+                         lm_max_len=CACHE, lm_prefill_len=PREFILL, profile_dir=profiles_with_every_recipe(work / "p"))
+        wall = time.perf_counter() - t0
+    t = result[TARGET]
+    costs = candidate_costs(log)
+    rows = {"model": str(args.hf or "grpo_math policy shape, random weights"), "target": TARGET, "wall_s": wall,
+            "export_s": result.report["export_s"], "chosen": t.precision, "chosen_because": t.chosen_because,
+            "candidate_s": costs, "candidates": t.candidates}
+    (args.out / "lm_recipes.json").write_text(json.dumps(rows, indent=1, default=str))
+    lines = [f"Model: {rows['model']}; target {TARGET} listing every recipe; convert wall {wall:.0f} s "
+             f"(export {rows['export_s']:.0f} s); shipped: {t.precision}", "",
+             "| recipe | passed | bundle KB | litert_lm agreement (near-ties) | held-out perplexity | change vs PyTorch "
+             "| ms/token | candidate s | failure |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in t.candidates or []:
+        lm = c if "bundle_size_bytes" in c else {}
+        ppl, change, ms = lm.get("perplexity"), lm.get("perplexity_change"), c["latency_ms"]
+        cells = [c["precision"] + (" (shipped)" if c["chosen"] else ""), str(c["passed"]),
+                 f"{lm['bundle_size_bytes'] / 1024:.0f}" if lm else "",
+                 f"{lm['generation_agreement']:.0%} ({lm['near_ties']})" if lm else "",
+                 "" if ppl is None else f"{ppl:.4f}", "" if change is None else f"{100 * change:+.2f}%",
+                 "" if ms is None else f"{ms:.3f}", f"{costs.get(c['precision'], 0):.1f}",
+                 (c["errors"] or [""])[0][:160]]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"chosen because: {t.chosen_because}"]
     (args.out / "lm_recipes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

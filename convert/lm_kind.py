@@ -200,7 +200,7 @@ class CausalLMKind(ModelKind):
                                          pad_id=(eos or [0])[0] if pad is None else pad, work=work / "litertlm",
                                          threads=MEASURE_THREADS)
         except RuntimeError as e:  # the engine loads the bundle but cannot run it (its last line says why)
-            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or ["no message"]
+            lines = [ln.strip(" \u2502\u2514\u251c\u2500") for ln in str(e).splitlines() if ln.strip()] or ["no message"]
             raise ConversionError(f"litert_lm could not run model.litertlm: {lines[-1][:200]}") from None
         say(f"held-out perplexity on {len(self.heldout)} lines (the bundle's graph on ai-edge-litert)")
         fig["perplexity"] = self._perplexity(bundle)
