@@ -9,7 +9,9 @@ as explicit inputs and outputs (the shape LiteRT-LM style runtimes drive):
 k_cache / v_cache: [layers, 1, kv_heads, max_len, head_dim] float32. The
 cache update is a one-hot blend rather than a scatter so every op is a plain
 TFLite builtin; a prompt shorter than P is right-padded, and the padded
-positions are masked until decode overwrites them.
+positions are masked until decode overwrites them. Sliding-window layers
+(Mistral, Qwen2's use_sliding_window) mask the slots older than the window,
+as transformers does; the cache itself keeps every position.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class LMShape:
     vocab: int
     max_len: int
     prefill_len: int
+    windows: tuple[int | None, ...] = ()  # per layer: sliding window (keys within the last w positions) or None
 
     def cache_shape(self) -> tuple[int, ...]:
         return (self.layers, 1, self.kv_heads, self.max_len, self.head_dim)
@@ -50,7 +53,16 @@ def lm_shape(config, max_len: int, prefill_len: int) -> LMShape:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return LMShape(config.num_hidden_layers, config.num_key_value_heads or heads, heads, head_dim,
-                   config.vocab_size, max_len, prefill_len)
+                   config.vocab_size, max_len, prefill_len, sliding_windows(config))
+
+
+def sliding_windows(config) -> tuple[int | None, ...]:
+    """Each layer's sliding window as transformers applies it: Mistral's sliding_window on every
+    layer; Qwen2's on the layers its layer_types mark sliding_attention (use_sliding_window);
+    None: full causal attention."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None) or ["sliding_attention"] * config.num_hidden_layers
+    return tuple(window if window and kind == "sliding_attention" else None for kind in types)
 
 
 class KVCacheLM(nn.Module):
@@ -70,7 +82,8 @@ class KVCacheLM(nn.Module):
         write = (slots[None, :] == pos[:, None]).to(x.dtype)                  # [T, max_len]
         keep = 1.0 - write.amax(dim=0)                                        # [max_len]
         visible = slots[None, :] <= pos[:, None]                              # [T, max_len]
-        bias = torch.where(visible, 0.0, torch.finfo(x.dtype).min)[None, None]
+        biases = {w: _bias(visible & (slots[None, :] > pos[:, None] - w) if w else visible, x.dtype)
+                  for w in set(s.windows) | {None}}
         new_k, new_v = [], []
         for i, layer in enumerate(core.layers):
             att = layer.self_attn
@@ -85,11 +98,16 @@ class KVCacheLM(nn.Module):
             vc = v_cache[i] * keep[None, None, :, None] + torch.einsum("tm,bhtd->bhmd", write, v)
             new_k.append(kc)
             new_v.append(vc)
-            o = _grouped_attention(q, kc, vc, bias, s.kv_heads)
+            o = _grouped_attention(q, kc, vc, biases[s.windows[i] if s.windows else None], s.kv_heads)
             x = x + att.o_proj(o.transpose(1, 2).reshape(b, t, s.heads * s.head_dim))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         logits = self.lm.lm_head(core.norm(x))
         return logits, torch.stack(new_k), torch.stack(new_v)
+
+
+def _bias(visible, dtype):
+    """Additive attention bias [1, 1, T, max_len]: 0 where a query sees a key slot, else the lowest float."""
+    return torch.where(visible, 0.0, torch.finfo(dtype).min)[None, None]
 
 
 def _grouped_attention(q, k, v, bias, kv_heads: int):

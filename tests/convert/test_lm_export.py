@@ -53,6 +53,48 @@ def test_kv_cache_wrapper_equals_hf_forward(kv_heads):
     torch.testing.assert_close(nxt[0, 0], ref, atol=1e-5, rtol=1e-5)
 
 
+def _tiny_sliding(family: str, window: int = 4, seed: int = 0):
+    """A tiny Mistral (window on every layer) or Qwen2 (window on its second layer) with
+    `window` shorter than the test sequences, so the window changes the logits."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from tpu_pipeline.train.arith import build_tokenizer
+
+    tok = build_tokenizer()
+    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48, sliding_window=window,
+                  initializer_range=0.2, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+                  pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    if family == "mistral":
+        return MistralForCausalLM(MistralConfig(**common)).eval(), tok
+    return Qwen2ForCausalLM(Qwen2Config(use_sliding_window=True, max_window_layers=1, **common)).eval(), tok
+
+
+@pytest.mark.parametrize("family, windows", [("mistral", (4, 4)), ("qwen2", (None, 4))])
+def test_kv_cache_wrapper_applies_sliding_windows(family, windows):
+    model, _ = _tiny_sliding(family)
+    shape = lm_shape(model.config, max_len=24, prefill_len=8)
+    assert shape.windows == windows
+    ids = torch.randint(0, model.config.vocab_size, (1, 13))
+    k, v = torch.zeros(shape.cache_shape()), torch.zeros(shape.cache_shape())
+    w, logits = KVCacheLM(model, shape), []
+    for start in range(0, 13, 8):
+        chunk = ids[:, start:start + 8]
+        tokens = torch.zeros(1, 8, dtype=torch.int32)
+        tokens[:, :chunk.shape[1]] = chunk
+        out, k, v = w(tokens, torch.arange(start, start + 8, dtype=torch.int32), k, v)
+        logits.append(out[0, :chunk.shape[1]])
+    with torch.no_grad():
+        ref = model(ids).logits[0]
+        full = type(model)(type(model.config)(**{**model.config.to_dict(), "sliding_window": None, "layer_types": None,
+                                                   "use_sliding_window": False}))
+        full.load_state_dict(model.state_dict())
+        unwindowed = full.eval()(ids).logits[0]
+    torch.testing.assert_close(torch.cat(logits), ref, atol=1e-5, rtol=1e-5)
+    assert (unwindowed - ref).abs().max() > 0.1  # the window matters on this sequence
+
+
 def test_non_llama_is_refused():
     from transformers import GPT2Config
 
@@ -140,6 +182,21 @@ def test_multi_query_artifact_generates_exactly_like_pytorch(tmp_path):
     ref, got = np.concatenate(report["ref_logits"]), np.concatenate(report["got_logits"])
     cosine = float((ref * got).sum() / np.linalg.norm(ref) / np.linalg.norm(got))
     assert np.abs(ref - got).max() < 1e-4 and cosine >= 0.99999
+
+
+def test_sliding_window_artifact_generates_exactly_like_pytorch(tmp_path):
+    """Mistral with sliding_window 4: the decode-ready artifact masks keys older than the window
+    as transformers does (before, it attended over the whole cache: 0% agreement at window 8)."""
+    model, tok = _tiny_sliding("mistral")
+    model.save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    write_decode_ready(tmp_path / "hf", tmp_path / "lm", max_len=40, prefill_len=8)
+    prompts = [tok(p).input_ids for p in ["3+4-2=", "9-8=", "1+1+1="]]
+    prompts.append(list(np.random.default_rng(0).integers(4, len(tok), 11)))  # two prefill chunks
+    report = generation_parity(model, LiteRTLanguageModel(tmp_path / "lm"), prompts, max_new_tokens=12)
+    assert report["generation_agreement"] == 1.0, report["first_generation_divergence"]
+    ref, got = np.concatenate(report["ref_logits"]), np.concatenate(report["got_logits"])
+    assert np.abs(ref - got).max() < 1e-4
 
 
 def test_client_refuses_too_long_prompt_and_non_lm_dir(exported, tmp_path):
