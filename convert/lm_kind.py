@@ -71,9 +71,6 @@ def decode_ready_skipped(config) -> str | None:
     """Why this project's decode-ready export is not built for `config` (None: it is)."""
     if config.model_type not in LLAMA_FAMILY:
         return f"the decode-ready export covers {', '.join(LLAMA_FAMILY)}, not {config.model_type}"
-    window = getattr(config, "sliding_window", None)
-    if window and window < config.max_position_embeddings:
-        return f"the decode-ready export ignores sliding_window={window}"
     return None
 
 
@@ -93,8 +90,8 @@ class CausalLMKind(ModelKind):
         self.path, self.model, self.prompts, self.sample_source = path, model, prompts, source
         self.max_len, self.prefill_len, self.tokenizer = max_len, prefill_len, tokenizer
         # The decode-ready export (and with it the browser page and the reference client) covers the Llama
-        # family with 1, 2 or all kv heads, but not sliding-window attention (it attends over the whole
-        # cache). Those get the bundle only.
+        # family (1, 2 or all kv heads; Mistral's and Qwen2's sliding windows). Other families get the
+        # bundle only.
         self.decode_ready_skipped = decode_ready_skipped(model.config)
         self.decode_ready = self.decode_ready_skipped is None
         # what an app sends: the prompts as text (litert_lm tokenizes with the bundle's tokenizer)
