@@ -33,8 +33,9 @@ def hf_llama(path: Path, kv_heads: int = 2) -> Path:
     import transformers
 
     torch.manual_seed(0)
-    # kv heads == heads: litert-torch 0.10 mis-converts grouped-query attention (kv heads < heads;
-    # see README). initializer_range 0.5 makes attention far from uniform, so a wrong graph shows.
+    # kv_heads=1: litert-torch 0.10 mis-converts a repeated one-head kv cache in HF's attention (a RESHAPE
+    # where the transpose belongs; docs/DESIGN.md). initializer_range 0.5 makes attention far from
+    # uniform, so a wrong graph shows.
     cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                    num_attention_heads=2, num_key_value_heads=kv_heads, max_position_embeddings=32,
                                    initializer_range=0.5)

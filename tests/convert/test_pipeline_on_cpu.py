@@ -186,9 +186,9 @@ def test_compare_and_judge_values():
     assert judge({"y": same}, desktop) == (True, [])
 
 
-def test_known_converter_bug_gqa_llama_is_caught(tmp_path):
-    """litert-torch 0.10 mis-converts grouped-query attention (found by this stage): position 0
-    matches, later positions do not. convert must refuse it with exit 4, not ship it."""
+def test_known_converter_bug_one_kv_head_llama_is_caught(tmp_path):
+    """litert-torch 0.10 mis-converts HF attention with one kv head (found by this stage): position 0
+    matches, later positions do not. convert must refuse its fixed-length export with exit 4, not ship it."""
     r = run(hf_llama(tmp_path / "hf", kv_heads=1), "--targets", "desktop", "--out", tmp_path / "d",
             "--samples", 2, "--no-latency")
     assert r.exit_code == 4, r.output
