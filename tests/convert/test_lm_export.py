@@ -29,24 +29,29 @@ def _tiny_llama(kv_heads=2, seed=0):
     return model, tok
 
 
+def _chunked_prefill(w: KVCacheLM, shape, ids: torch.Tensor, chunk_len: int = 8):
+    """The wrapper fed `ids` in prefill chunks (the last one padded) -> (logits of ids, k, v)."""
+    k, v = torch.zeros(shape.cache_shape()), torch.zeros(shape.cache_shape())
+    logits = []
+    for start in range(0, ids.shape[1], chunk_len):
+        chunk = ids[:, start:start + chunk_len]
+        tokens = torch.zeros(1, chunk_len, dtype=torch.int32)
+        tokens[:, :chunk.shape[1]] = chunk
+        out, k, v = w(tokens, torch.arange(start, start + chunk_len, dtype=torch.int32), k, v)
+        logits.append(out[0, :chunk.shape[1]])
+    return torch.cat(logits), k, v
+
+
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 def test_kv_cache_wrapper_equals_hf_forward(kv_heads):
     model, _ = _tiny_llama(kv_heads)
     shape = lm_shape(model.config, max_len=24, prefill_len=8)
     w = KVCacheLM(model, shape)
     ids = torch.randint(0, model.config.vocab_size, (1, 13))
-    k = torch.zeros(shape.cache_shape())
-    v = torch.zeros(shape.cache_shape())
-    logits = []
-    for start in range(0, 13, 8):  # chunked prefill with a padded last chunk
-        chunk = ids[:, start:start + 8]
-        tokens = torch.zeros(1, 8, dtype=torch.int32)
-        tokens[:, :chunk.shape[1]] = chunk
-        out, k, v = w(tokens, torch.arange(start, start + 8, dtype=torch.int32), k, v)
-        logits.append(out[0, :chunk.shape[1]])
+    logits, k, v = _chunked_prefill(w, shape, ids)
     with torch.no_grad():
         ref = model(ids).logits[0]
-    torch.testing.assert_close(torch.cat(logits), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
     nxt, k, v = w(torch.tensor([[3]], dtype=torch.int32), torch.tensor([13], dtype=torch.int32), k, v)
     with torch.no_grad():
         ref = model(torch.cat([ids, torch.tensor([[3]])], 1)).logits[0, -1]
@@ -77,21 +82,14 @@ def test_kv_cache_wrapper_applies_sliding_windows(family, windows):
     shape = lm_shape(model.config, max_len=24, prefill_len=8)
     assert shape.windows == windows
     ids = torch.randint(0, model.config.vocab_size, (1, 13))
-    k, v = torch.zeros(shape.cache_shape()), torch.zeros(shape.cache_shape())
-    w, logits = KVCacheLM(model, shape), []
-    for start in range(0, 13, 8):
-        chunk = ids[:, start:start + 8]
-        tokens = torch.zeros(1, 8, dtype=torch.int32)
-        tokens[:, :chunk.shape[1]] = chunk
-        out, k, v = w(tokens, torch.arange(start, start + 8, dtype=torch.int32), k, v)
-        logits.append(out[0, :chunk.shape[1]])
+    logits, _, _ = _chunked_prefill(KVCacheLM(model, shape), shape, ids)
     with torch.no_grad():
         ref = model(ids).logits[0]
         full = type(model)(type(model.config)(**{**model.config.to_dict(), "sliding_window": None, "layer_types": None,
                                                    "use_sliding_window": False}))
         full.load_state_dict(model.state_dict())
         unwindowed = full.eval()(ids).logits[0]
-    torch.testing.assert_close(torch.cat(logits), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
     assert (unwindowed - ref).abs().max() > 0.1  # the window matters on this sequence
 
 
