@@ -96,6 +96,7 @@ def compare(ref: list[np.ndarray], got: list[np.ndarray], *, classifier: bool, a
         "within_tol": bool(np.all((np.abs(df) <= bound))),
         "tol_ratio": float(np.nan_to_num(excess, posinf=np.finfo(np.float64).max).max(initial=0.0)),
         "samples": int(len(r)),
+        "nonfinite_samples": int((~np.isfinite(gf)).any(1).sum()) if gf.size else 0,
     }
     if envelope is not None:
         out["precision_envelope"] = float(envelope.max(initial=0.0))
@@ -118,6 +119,9 @@ def verdict(per_output: dict[str, dict], profile: TargetProfile, *, atol=None, r
     r_ = profile.rtol if rtol is None else rtol
     reasons, checks, notes, failed = [], {}, [], []
     for name, m in per_output.items():
+        if m.get("nonfinite_samples"):
+            reasons.append(f"{name}: the artifact outputs NaN/inf on {m['nonfinite_samples']} of {m['samples']} "
+                           "samples (PyTorch's are finite)")
         key, label = ("cosine", "cosine (worst sample)") if profile.check_abs else ("cosine_mean", "mean cosine")
         rows = [{"criterion": "cosine", "value": m[key], "bound": min_cos, "passed": m[key] >= min_cos}]
         if not rows[-1]["passed"]:

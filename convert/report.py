@@ -11,8 +11,10 @@ import math
 def _svg_bars(labels: list[str], values: list[float], passed: list[bool], title: str) -> str:
     """A log-scale bar chart as inline SVG (no plotting library: it took seconds to import and lay out)."""
     w, h, pad, bw = max(360, 70 * len(values) + 60), 240, 50, 40
-    logs = [math.log10(max(v, 1e-12)) for v in values]
-    lo, hi = math.floor(min(logs + [-8])), math.ceil(max(logs + [0]))
+    # NaN/inf (an artifact that computes NaN) draws as a full-height bar; its value stays in the tooltip
+    finite = [math.log10(max(v, 1e-12)) for v in values if math.isfinite(v)]
+    lo, hi = math.floor(min(finite + [-8])), math.ceil(max(finite + [0]))
+    logs = [math.log10(max(v, 1e-12)) if math.isfinite(v) else hi for v in values]
     span = max(hi - lo, 1)
 
     def y(v):
@@ -23,11 +25,11 @@ def _svg_bars(labels: list[str], values: list[float], passed: list[bool], title:
     for k in range(lo, hi + 1):
         parts.append(f"<line x1='{pad}' x2='{w - 10}' y1='{y(k):.1f}' y2='{y(k):.1f}' stroke='#eee'/>"
                      f"<text x='{pad - 4}' y='{y(k) + 3:.1f}' text-anchor='end'>1e{k}</text>")
-    for i, (lab, v, ok) in enumerate(zip(labels, logs, passed)):
+    for i, (lab, v, raw, ok) in enumerate(zip(labels, logs, values, passed)):
         x = pad + 10 + i * 70
         top = y(v)
         parts.append(f"<rect x='{x}' y='{top:.1f}' width='{bw}' height='{max(h - pad - top, 1):.1f}' "
-                     f"fill='{'#2a9d8f' if ok else '#e76f51'}'><title>{html.escape(lab)}: {10 ** v:.3g}</title></rect>")
+                     f"fill='{'#2a9d8f' if ok else '#e76f51'}'><title>{html.escape(lab)}: {raw:.3g}</title></rect>")
         for j, line in enumerate(lab.split("/")):
             parts.append(f"<text x='{x + bw / 2}' y='{h - pad + 12 + 11 * j}' text-anchor='middle'>{html.escape(line)}</text>")
     parts.append("</svg>")

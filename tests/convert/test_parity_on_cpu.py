@@ -159,3 +159,15 @@ def test_precision_envelope_admits_the_precisions_own_error_and_nothing_beyond()
     v = verdict({"y": m}, ANDROID)
     assert not v["passed"] and v["decided_by"] == ["y: elementwise"]
     assert "x the precision's own error" in v["reasons"][0]
+
+
+def test_nan_output_fails_naming_it_and_the_report_still_renders():
+    from tpu_pipeline.convert.report import render_html
+
+    ref, got = _outputs(1.0, 1e-4)
+    got[3] = got[3] * np.nan
+    m, v = _judge(ref, got, ANDROID)
+    assert not v["passed"] and m["nonfinite_samples"] == 1
+    assert v["reasons"][0] == "y: the artifact outputs NaN/inf on 1 of 8 samples (PyTorch's are finite)"
+    page = render_html({"model": "m", "targets": {"android": {"passed": False, "parity": {"outputs": {"y": m}}}}})
+    assert "<svg" in page and "android/y: nan" in page
