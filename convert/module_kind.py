@@ -12,6 +12,7 @@ can be rebuilt with that layer kept in float32 (variant_keeping_float)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import torch
 from tpu_pipeline.convert import parity
 from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs
 from tpu_pipeline.convert.export import export_float
+from tpu_pipeline.convert.global_pool import as_mean
 from tpu_pipeline.convert.kinds import ModelKind, Progress
 from tpu_pipeline.convert.loaders import LoadedModel, first_line, flatten_outputs, load_model
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
@@ -102,7 +104,10 @@ class ModuleKind(ModelKind):
 
     def export_float(self, work: Path, say: Progress) -> Artifact:
         say("export: torch -> float32 .tflite (litert-torch, traced once)")
-        art = self.float_art = Artifact(model=export_float(self.m, work / "float.tflite"))
+        module, notes = as_mean(self.m.module, self.m.sample_args)
+        self.notes += notes
+        art = self.float_art = Artifact(model=export_float(dataclasses.replace(self.m, module=module),
+                                                           work / "float.tflite"))
         self.notes += _dtype_notes(self.m, inspect_model(art.model))
         return art
 
