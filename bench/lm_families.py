@@ -18,9 +18,7 @@ CPU command (about 25 minutes on 2 shared cores):
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,21 +31,14 @@ from tpu_pipeline.convert.lm_export import eos_token_ids, load_hf_causal_lm
 from tpu_pipeline.convert.measure import median_ms
 from tpu_pipeline.errors import PipelineError
 
-REPO = Path(__file__).resolve().parent.parent
+import builders  # bench/builders.py: sys.path[0] is bench/ when a script runs
+
 CACHE, PREFILL, NEW_TOKENS = 64, 16, 16
 # family:kv_heads ("-": the family's own attention layout); grpo_policy: the default grpo_math
 # policy's architecture (random weights), for decode speed
 CASES = ("llama:1", "llama:2", "llama:4", "smollm:1", "qwen2:2", "qwen3:1", "qwen3:4", "mistral:2",
          "mistral_sliding:2", "gemma:1", "gemma2:2", "gemma3:1", "phi3:4", "gpt2:-", "grpo_policy:-")
 
-
-def load_zoo():
-    """tests/convert/lm_zoo.py by path: the builders live with the tests that also use them."""
-    spec = importlib.util.spec_from_file_location("tpu_pipeline_lm_zoo", REPO / "tests" / "convert" / "lm_zoo.py")
-    zoo = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = zoo
-    spec.loader.exec_module(zoo)
-    return zoo
 
 
 def torch_speed(model, prompt_ids: list[int], n: int) -> dict:
@@ -135,7 +126,7 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES), help="family:kv_heads,... (kv '-' for the family default)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    zoo = load_zoo()
+    zoo = builders.load("lm_zoo")
     rows = []
     for case in args.cases.split(","):
         family, kv = case.split(":")

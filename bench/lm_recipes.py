@@ -22,11 +22,9 @@ CPU commands (one export each, a few minutes; --defaults: two converts of every 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,17 +33,11 @@ from tpu_pipeline.convert import convert
 from tpu_pipeline.convert.lm_recipes import LM_PRECISIONS
 from tpu_pipeline.convert.targets import profile_dir
 
-REPO = Path(__file__).resolve().parent.parent
+import builders  # bench/builders.py: sys.path[0] is bench/ when a script runs
+
 CACHE, PREFILL = 64, 16
 TARGET = "android"  # the profile whose list is replaced by every recipe (float16's elementwise logit bounds)
 
-
-def load_zoo():
-    spec = importlib.util.spec_from_file_location("tpu_pipeline_lm_zoo", REPO / "tests" / "convert" / "lm_zoo.py")
-    zoo = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = zoo
-    spec.loader.exec_module(zoo)
-    return zoo
 
 
 def profiles_with_every_recipe(dst: Path) -> Path:
@@ -102,7 +94,7 @@ def main() -> None:
                          "profiles' lm_precisions, and compare wall times")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    zoo = load_zoo()
+    zoo = builders.load("lm_zoo")
     log: list[tuple[float, str]] = []
 
     def say(msg: str) -> None:

@@ -20,7 +20,6 @@ CPU command (about 25 minutes for the bench size on 2 shared cores):
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -33,17 +32,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import builders  # bench/builders.py: sys.path[0] is bench/ when a script runs
+
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = ("android", "ios", "desktop", "web", "iot")
 
-
-def load_zoo():
-    """tests/convert/zoo.py by path: the builders live with the tests that also use them."""
-    spec = importlib.util.spec_from_file_location("tpu_pipeline_zoo", REPO / "tests" / "convert" / "zoo.py")
-    zoo = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = zoo  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(zoo)
-    return zoo
 
 
 def cli() -> list[str]:
@@ -91,7 +84,7 @@ def target_row(t: dict) -> dict:
 
 def bare_child(name: str, size: str, path: Path) -> None:
     """Child process: one bare litert_torch export, then its float artifact on ai-edge-litert vs PyTorch."""
-    zoo = load_zoo()
+    zoo = builders.load("zoo")
     built = zoo.build(name, size)
     res = {"ok": False}
     t = time.perf_counter()
@@ -250,7 +243,7 @@ def main() -> None:
         return bare_child(a.bare_child, a.size, Path(a.out))
     if a.render:
         return print(markdown(json.loads(Path(a.render).read_text())), end="")
-    zoo = load_zoo()
+    zoo = builders.load("zoo")
     names = a.models.split(",") if a.models else zoo.names()
     unknown = [n for n in names if n not in zoo.MEMBERS]
     if unknown:
