@@ -10,13 +10,16 @@ and TFLM runs in int8. `lookups_as_gather` swaps one for the other in the
 .pt2) and is exact in float.
 
 Random token ids for calibration and parity must stay inside the table:
-`embedding_rows` finds, per model input, the row count of the embedding that
+`embedding_rows` records, during the loader's own forward run, per model input, the row
+count of the embedding that
 reads that input directly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -55,16 +58,19 @@ def lookups_as_gather(model: bytes) -> bytes:
     return bytes(flatbuffer_utils.convert_object_to_bytearray(obj))
 
 
-def embedding_rows(module: nn.Module, sample_args: tuple) -> list[int | None]:
-    """Per input: the number of rows of the embedding table that input indexes directly
-    (nn.Embedding called on it, or aten.embedding on it in an exported graph), else None.
-    An input that goes through another op first (ids + offset, ids.long()) is not followed."""
+@contextlib.contextmanager
+def embedding_rows(module: nn.Module, sample_args: tuple) -> Iterator[list[int | None]]:
+    """Around the caller's own forward run of `module` on `sample_args` (the loader runs it
+    anyway): yields a list that holds, per input, after the block, the number of rows of the
+    embedding table that input indexes directly (nn.Embedding called on it, or aten.embedding on
+    it in an exported graph), else None. An input that goes through another op first (ids +
+    offset, ids.long()) is not followed."""
+    found: list[int | None] = [None] * len(sample_args)
     rows: dict[int, int] = {}
     positions = {id(a): i for i, a in enumerate(sample_args)
                  if isinstance(a, torch.Tensor) and not a.is_floating_point() and a.dtype != torch.bool}
-    if not positions:
-        return [None] * len(sample_args)  # no ids to bound: spare the forward run below
-    if isinstance(module, torch.fx.GraphModule):
+    hooks = []
+    if positions and isinstance(module, torch.fx.GraphModule):
         placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
         if len(placeholders) == len(sample_args):
             index = {n: i for i, n in enumerate(placeholders)}
@@ -73,22 +79,18 @@ def embedding_rows(module: nn.Module, sample_args: tuple) -> list[int | None]:
                         and n.args[1] in index and getattr(n.args[0], "op", None) == "get_attr":
                     table = functools.reduce(getattr, n.args[0].target.split("."), module)
                     _narrow(rows, index[n.args[1]], int(table.shape[0]))
-    embeddings = [m for m in module.modules() if isinstance(m, nn.Embedding)]
-    if embeddings:
+    if positions:
         def seen(emb, args):
             if args and id(args[0]) in positions:
                 _narrow(rows, positions[id(args[0])], emb.num_embeddings)
 
-        hooks = [e.register_forward_pre_hook(seen) for e in embeddings]
-        try:
-            with torch.no_grad():
-                module(*sample_args)
-        except Exception:  # noqa: BLE001 - the loader runs the model next and says what is wrong
-            pass
-        finally:
-            for h in hooks:
-                h.remove()
-    return [rows.get(i) for i in range(len(sample_args))]
+        hooks = [m.register_forward_pre_hook(seen) for m in module.modules() if isinstance(m, nn.Embedding)]
+    try:
+        yield found
+    finally:
+        for h in hooks:
+            h.remove()
+        found[:] = [rows.get(i) for i in range(len(sample_args))]
 
 
 def _narrow(rows: dict[int, int], position: int, n: int) -> None:

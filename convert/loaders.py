@@ -354,19 +354,18 @@ def _finish(m: LoadedModel) -> LoadedModel:
         a = a.detach().cpu()
         args.append(a.float() if a.is_floating_point() else a)
     m.sample_args = tuple(args)
-    if not m.int_high:
-        # token ids that index an embedding: random ones anywhere in its table, else up to the example's max
-        rows = embedding_rows(m.module, m.sample_args)
-        m.int_high = [(n or int(a.max()) + 1) if not a.is_floating_point() and a.numel() and a.dtype != torch.bool
-                      else None for a, n in zip(m.sample_args, rows)]
     if len(m.input_names) != len(m.sample_args):
         m.input_names = [f"input_{i}" for i in range(len(m.sample_args))]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), embedding_rows(m.module, m.sample_args) as rows:
             out = m.module(*m.sample_args)
     except Exception as e:  # noqa: BLE001 - a model that cannot run its own inputs is bad input
         shapes = ", ".join(f"{list(a.shape)}:{str(a.dtype).replace('torch.', '')}" for a in m.sample_args)
         raise UserError(f"the model does not run on inputs {shapes} ({first_line(e)}); check --input-shape") from None
+    if not m.int_high:
+        # token ids that index an embedding: random ones anywhere in its table, else up to the example's max
+        m.int_high = [(n or int(a.max()) + 1) if not a.is_floating_point() and a.numel() and a.dtype != torch.bool
+                      else None for a, n in zip(m.sample_args, rows)]
     outs = flatten_outputs(out)
     if not m.output_names or len(m.output_names) != len(outs):
         m.output_names = [f"output_{i}" for i in range(len(outs))]
