@@ -10,9 +10,8 @@ and TFLM runs in int8. `lookups_as_gather` swaps one for the other in the
 .pt2) and is exact in float.
 
 Random token ids for calibration and parity must stay inside the table:
-`embedding_rows` records, during the loader's own forward run, per model input, the row
-count of the embedding that
-reads that input directly.
+`embedding_rows` records, during the loader's own forward run, per model
+input, the row count of the embedding that reads that input directly.
 """
 
 from __future__ import annotations
