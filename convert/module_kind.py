@@ -227,11 +227,8 @@ class ModuleKind(ModelKind):
         if precision != "float16":
             return None
         if self._f16_weights is None:
-            m = copy.deepcopy(self.m.module)
+            m = _float16_weights(self.m.module)
             with torch.no_grad(), torch_threads():
-                for p in list(m.parameters()) + list(m.buffers()):
-                    if p.is_floating_point():
-                        p.copy_(_to_f16(p))
                 outs = [[t.float().numpy() for t in flatten_outputs(m(*[torch.from_numpy(x) for x in s]))]
                         for s in self.samples]
             self._f16_weights = [[float(np.abs(o[k].astype(np.float64) - r[k]).max(initial=0.0))
@@ -291,15 +288,21 @@ def _to_f16(t):
     return t.half().float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
 
-def _float16_run(module: torch.nn.Module, args) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
-    """The model with float16 storage emulated: weights, inputs and every layer's output rounded to
-    float16, arithmetic in float32 (PyTorch's float16 CPU kernels are too slow to run here; phone
-    GPU delegates store activations in float16). -> (outputs, each layer's rounded output)."""
+def _float16_weights(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `module` with every float parameter and buffer rounded to float16 (kept float32)."""
     m = copy.deepcopy(module)
     with torch.no_grad():
         for p in list(m.parameters()) + list(m.buffers()):
             if p.is_floating_point():
                 p.copy_(_to_f16(p))
+    return m
+
+
+def _float16_run(module: torch.nn.Module, args) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
+    """The model with float16 storage emulated: weights, inputs and every layer's output rounded to
+    float16, arithmetic in float32 (PyTorch's float16 CPU kernels are too slow to run here; phone
+    GPU delegates store activations in float16). -> (outputs, each layer's rounded output)."""
+    m = _float16_weights(module)
     acts: dict[str, np.ndarray] = {}
     args = [_to_f16(a) for a in args]
     if isinstance(m, torch.fx.GraphModule) and any(n.meta.get("nn_module_stack") for n in m.graph.nodes):
