@@ -276,3 +276,13 @@ def test_lm_recipe_verdict_bounds_perplexity_either_way(tmp_path):
         if not passes:
             assert reasons == [f"held-out perplexity {ppl['artifact']:.4f} vs PyTorch 10.0000 ({change:+.2%}; "
                                "bound +-2.00%)"]
+
+
+def test_profiles_accept_exactly_the_lm_recipes_convert_can_make():
+    # targets.py types lm_precisions without importing ai-edge-quantizer; the two lists must not drift
+    from typing import get_args
+
+    from tpu_pipeline.convert.lm_recipes import LM_PRECISIONS
+    from tpu_pipeline.convert.targets import LMPrecision
+
+    assert set(get_args(LMPrecision)) == set(LM_PRECISIONS)
