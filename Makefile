@@ -42,7 +42,7 @@ demo: install
 
 # Import layers (pyproject [tool.importlinter]); a violation fails `make test`.
 lint: $(STAMP)
-	$(BIN)/python .ci/lint_imports.py
+	$(BIN)/python -m tpu_pipeline.testing.layers
 
 test: install lint
 	$(BIN)/pytest -q

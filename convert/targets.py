@@ -61,14 +61,14 @@ def profile_dir() -> Path:
 
 
 def load_profiles(directory: str | Path | None = None) -> Registry[TargetProfile]:
-    reg: Registry[TargetProfile] = Registry("target")
+    reg: Registry[TargetProfile] = Registry("target", listed=False)
     d = Path(directory) if directory else profile_dir()
     files = sorted(d.glob("*.toml"))
     if not files:
         raise UserError(f"no target profiles (*.toml) in {d}")
     for path in files:
         prof = config.load(TargetProfile, path)
-        reg.register(path.stem, dataclasses.replace(prof, name=path.stem))
+        reg.add(path.stem, dataclasses.replace(prof, name=path.stem), prof.description, defined_in=str(path))
     return reg
 
 

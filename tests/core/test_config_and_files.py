@@ -8,7 +8,7 @@ import pytest
 from tpu_pipeline import UserError
 from tpu_pipeline.config import load
 from tpu_pipeline.files import atomic_write_json, sha256_file, staged_dir
-from tpu_pipeline.registry import Registry
+from tpu_pipeline.registry import REGISTRIES, Registry
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -52,18 +52,26 @@ def test_bad_toml_file(tmp_path):
 
 
 def test_registry():
-    reg = Registry("target")
-    reg.register("ios", 1)
+    reg = Registry("target", listed=False)
+    reg.add("ios", 1, "Apple phones", defined_in="ios.toml")
 
     @reg.register("web")
     def web():
-        pass
+        """Browsers through LiteRT.js.
+
+        More text that is not the description."""
 
     assert reg.get("ios") == 1 and reg.names() == ["ios", "web"]
+    assert [(e.name, e.description, e.defined_in) for e in reg.entries()] == [
+        ("ios", "Apple phones", "ios.toml"), ("web", "Browsers through LiteRT.js.", __name__)]
     with pytest.raises(ValueError, match="already registered"):
-        reg.register("ios", 2)
+        reg.add("ios", 2, "again")
+    with pytest.raises(ValueError, match="needs a one-line description"):
+        reg.register("bare")(lambda: None)
+    assert "bare" not in reg
     with pytest.raises(UserError, match="unknown target 'iot'; valid: ios, web"):
         reg.get("iot")
+    assert reg not in REGISTRIES and Registry("listed kind") in REGISTRIES
 
 
 def test_staged_dir_keeps_old_output_on_failure(tmp_path):

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tpu_pipeline.testing import layers as lint_imports
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("lint_imports", ROOT / ".ci" / "lint_imports.py")
-lint_imports = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lint_imports)
 
 
 def _lint(tree: Path) -> subprocess.CompletedProcess:

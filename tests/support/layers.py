@@ -6,7 +6,7 @@ grimp cannot see from an editable install. This builds the installed layout
 as a tree of symlinks and lints that, so the contracts in pyproject.toml
 (`[tool.importlinter]`) apply to the code as users import it.
 
-    python .ci/lint_imports.py [REPO_ROOT]     # exit 0 = contracts kept
+    python -m tpu_pipeline.testing.layers [REPO_ROOT]     # exit 0 = contracts kept (make lint)
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def lint(tree: Path, config: Path, **run_kwargs) -> subprocess.CompletedProcess:
 
 
 def main(argv: list[str]) -> int:
-    repo = Path(argv[1] if len(argv) > 1 else Path(__file__).resolve().parents[1]).resolve()
+    # This file is tests/support/layers.py of the checkout (an editable install resolves to it).
+    repo = Path(argv[1] if len(argv) > 1 else Path(__file__).resolve().parents[2]).resolve()
     with tempfile.TemporaryDirectory(prefix="lint-tree-") as tmp:
         return lint(build_tree(repo, Path(tmp)), repo / "pyproject.toml").returncode
 
