@@ -49,13 +49,6 @@ class Checkpointer:
     def exists(self) -> bool:
         return self.latest_path.exists()
 
-    def latest_step(self) -> int | None:
-        """Step of the latest checkpoint (unchecked), or None when there is none."""
-        try:
-            return int(json.loads(self.latest_path.read_text())["step"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
     def save(self, step: int, *, config: dict, state: dict[str, Any]) -> Path:
         clash = [k for k in state if k in _RESERVED]
         if clash:

@@ -1,5 +1,4 @@
-"""--compile (Inductor) trains like eager; --inductor-pallas either trains or says clearly why not;
---pallas is its deprecated alias."""
+"""--compile (Inductor) trains like eager; --inductor-pallas either trains or says clearly why not."""
 
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ def test_inductor_pallas_trains_or_fails_with_one_clear_error(tmp_path):
         assert ev["inductor_pallas"] is True and ev["compile"] is True and (tmp_path / "p" / "model.pt").exists()
 
 
-def test_deprecated_pallas_flag_warns_and_means_inductor_pallas(monkeypatch):
+def test_inductor_pallas_flag_reaches_the_runner_and_the_old_alias_is_gone(monkeypatch):
     from click.testing import CliRunner
 
     from tpu_pipeline.cli import cli
@@ -48,15 +47,10 @@ def test_deprecated_pallas_flag_warns_and_means_inductor_pallas(monkeypatch):
 
     calls = []
     monkeypatch.setattr(runner, "run", lambda *a, **kw: calls.append(kw) or {})
-    r = CliRunner().invoke(cli, ["train", "--recipe", "digits_cnn", "--pallas"])
-    assert r.exit_code == 0, r.output
-    assert calls[-1]["inductor_pallas"] is True
-    warning = [line for line in r.stderr.splitlines() if "deprecated" in line]
-    assert warning == ["warning: --pallas is deprecated; use --inductor-pallas (Inductor's Pallas code generator). "
-                       "--kernels pallas selects the hand-written Pallas kernels."]
     r = CliRunner().invoke(cli, ["train", "--recipe", "digits_cnn", "--inductor-pallas"])
-    assert r.exit_code == 0 and calls[-1]["inductor_pallas"] is True and "deprecated" not in r.stderr
+    assert r.exit_code == 0 and calls[-1]["inductor_pallas"] is True, r.output
     r = CliRunner().invoke(cli, ["train", "--recipe", "digits_cnn"])
     assert calls[-1]["inductor_pallas"] is False
-    r = CliRunner().invoke(cli, ["train", "--help"])
-    assert "--inductor-pallas" in r.output and "--pallas " not in r.output  # the alias is hidden
+    # --pallas was 0.1.0's name for --inductor-pallas, kept one release: now an unknown option
+    r = CliRunner().invoke(cli, ["train", "--recipe", "digits_cnn", "--pallas"])
+    assert r.exit_code == 2 and "No such option '--pallas'. Did you mean '--inductor-pallas'?" in r.output and len(calls) == 2

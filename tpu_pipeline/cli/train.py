@@ -30,8 +30,6 @@ def _toml_value(text: str):
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model [default: the recipe's loop.compile].")
 @click.option("--inductor-pallas", "inductor_pallas", is_flag=True,
               help="Compile with Inductor's Pallas code generator (implies --compile).")
-@click.option("--pallas", "deprecated_pallas", is_flag=True, hidden=True,
-              help="Deprecated alias of --inductor-pallas (removed in the next release).")
 @click.option("--kernels", type=click.Choice(["auto", "pallas", "torch"]), default="auto", show_default=True,
               help="Attention/RMSNorm kernels for Llama models: pallas = tpu_pipeline.kernels' hand-written "
                    "Pallas kernels.")
@@ -41,16 +39,12 @@ def _toml_value(text: str):
 @click.option("--set", "overrides", multiple=True, callback=_override, metavar="KEY=VALUE",
               help="Override a recipe field, e.g. --set optim.lr=3e-4 or --set 'arith.tasks=[\"chain_sum\"]' (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the held-out figures as JSON.")
-def command(recipe, out, device, steps, compile_, inductor_pallas, deprecated_pallas, kernels, resume, seed, nproc,
+def command(recipe, out, device, steps, compile_, inductor_pallas, kernels, resume, seed, nproc,
             overrides, as_json):
     """Train a model from a recipe; writes model.pt, eval.json, metrics.jsonl and checkpoints."""
     # CLI start-up time: the runner imports torch and the kernels
     from tpu_pipeline.train.runner import default_out, load_recipe, run
 
-    if deprecated_pallas:
-        click.echo("warning: --pallas is deprecated; use --inductor-pallas (Inductor's Pallas code generator). "
-                   "--kernels pallas selects the hand-written Pallas kernels.", err=True)
-        inductor_pallas = True
     result = run(recipe, out, device=device, steps=steps, compile=compile_, inductor_pallas=inductor_pallas,
                  kernels=kernels, resume=resume, seed=seed, nproc=nproc, overrides=overrides)
     if not result:  # a non-main process under torchrun: rank 0 reports
