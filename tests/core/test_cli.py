@@ -12,7 +12,8 @@ from pathlib import Path
 import click
 from click.testing import CliRunner
 
-from tpu_pipeline.cli import LazyGroup, cli, not_built
+from tpu_pipeline.cli import PipelineGroup, cli
+from tpu_pipeline.cli.commands import COMMANDS
 
 
 def invoke(*args):
@@ -64,12 +65,16 @@ def test_unknown_command_exit_2():
     assert "No such command 'frobnicate'" in r.output
 
 
-def test_not_built_command_says_so_and_exits_2():
-    group = LazyGroup(commands={})
-    group.add_command(not_built("later", "issue 99"), "later")
-    r = CliRunner().invoke(group, ["later", "--anything"])
-    assert r.exit_code == 2
-    assert "not built yet (issue 99)" in r.output
+def test_every_command_module_registers_its_command_where_it_is_defined():
+    modules = sorted(p.stem for p in Path(cli.callback.__code__.co_filename).parent.glob("*.py")
+                     if p.stem not in ("__init__", "commands"))
+    assert COMMANDS.names() == modules == sorted(cli.commands)
+    for e in COMMANDS.entries():
+        assert e.defined_in == f"tpu_pipeline.cli.{e.name}" and e.obj is cli.commands[e.name]
+        assert e.description and "..." not in e.description  # a short help, not a truncated docstring
+    section = invoke("--help").output.split("Commands:\n")[1].split("\n\n")[0]
+    help_rows = [ln.split()[0] for ln in section.splitlines()]
+    assert help_rows == modules
 
 
 def test_unexpected_error_is_one_line_without_debug():
@@ -77,7 +82,7 @@ def test_unexpected_error_is_one_line_without_debug():
     def boom():
         raise RuntimeError("disk on fire\nsecond line")
 
-    group = LazyGroup(commands={})
+    group = PipelineGroup(commands={})
     group.add_command(boom, "boom")
     r = CliRunner().invoke(group, ["boom"])
     assert r.exit_code == 1

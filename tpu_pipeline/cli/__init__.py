@@ -1,7 +1,9 @@
 """`tpu-pipeline` command line: a thin layer over the library.
 
-Each command lives in its own module (imported only when that command runs,
-so `--help` and `doctor` stay fast) and calls one library function.
+Each command lives in its own module, `tpu_pipeline/cli/<name>.py`, registers
+itself in `commands.COMMANDS` where it is defined, and calls one library
+function; command modules import their library stage inside the command
+(CLI start-up time), so importing every module here keeps `--help` fast.
 Library errors (`PipelineError`) become one line and their exit code; a
 traceback is shown only with `--debug` or TPU_PIPELINE_DEBUG=1.
 """
@@ -10,49 +12,18 @@ from __future__ import annotations
 
 import importlib
 import os
+import pkgutil
 import sys
 
 import click
 
 from tpu_pipeline import __version__
+from tpu_pipeline.cli.commands import COMMANDS, EXIT_CODES_HELP
 from tpu_pipeline.errors import EXIT_FAILURE, PipelineError
 
-EXIT_CODES_HELP = (
-    "Exit codes: 0 ok; 1 unexpected error (rerun with --debug); 2 bad input or "
-    "not built yet; 3 conversion/compatibility failure; 4 parity failure; 5 training "
-    "diverged (NaN/inf loss)."
-)
 
-# command name -> (module under tpu_pipeline.cli, one-line help)
-COMMANDS = {
-    "train": ("train", "Train a model from a recipe."),
-    "rl": ("rl", "Improve a policy with a GRPO recipe."),
-    "eval": ("eval", "Evaluate a policy on fresh held-out problems."),
-    "convert": ("convert", "Convert a PyTorch model to LiteRT artifacts for each target."),
-    "generate": ("generate", "Generate text with an exported LiteRT language model."),
-    "doctor": ("doctor", "Check the installation and the device this machine offers."),
-    "recipes": ("recipes", "List the train and rl recipes."),
-}
-
-
-class LazyGroup(click.Group):
-    def list_commands(self, ctx):
-        return list(COMMANDS) + sorted(self.commands)
-
-    def get_command(self, ctx, name):
-        if name in self.commands:
-            return self.commands[name]
-        if name not in COMMANDS:
-            return None
-        module = importlib.import_module(f"{__name__}.{COMMANDS[name][0]}")
-        return module.command
-
-    def format_commands(self, ctx, formatter):
-        # Help text without importing every command module.
-        rows = [(name, help_) for name, (_, help_) in COMMANDS.items()]
-        rows += [(name, cmd.get_short_help_str()) for name, cmd in sorted(self.commands.items())]
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
+class PipelineGroup(click.Group):
+    """A click group whose errors are one line with the error's exit code."""
 
     def invoke(self, ctx):
         try:
@@ -82,7 +53,7 @@ def debug_enabled(ctx: click.Context | None = None) -> bool:
     return bool(root and root.params.get("debug"))
 
 
-@click.group(cls=LazyGroup, epilog=EXIT_CODES_HELP)
+@click.group(cls=PipelineGroup, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, "--version", prog_name="tpu-pipeline")
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
 def cli(debug: bool) -> None:
@@ -93,13 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="tpu-pipeline")
 
 
-def not_built(name: str, issue: str):
-    """A command whose capability is not built yet: says so and exits 2."""
-
-    @click.command(name=name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-                   add_help_option=False)
-    def command():
-        click.echo(f"Error: `tpu-pipeline {name}` is not built yet ({issue}).", err=True)
-        sys.exit(2)
-
-    return command
+# Every module of this package but the registry is a command module: importing it registers it.
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "commands":
+        importlib.import_module(f"{__name__}.{_module.name}")
+for _entry in COMMANDS.entries():
+    cli.add_command(_entry.obj, _entry.name)

@@ -6,10 +6,12 @@ import json
 
 import click
 
-from tpu_pipeline.cli import EXIT_CODES_HELP
+from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
 
 
-@click.command(epilog=EXIT_CODES_HELP + " With several targets the worst kind decides: 4 (an artifact computes "
+@register("convert")
+@click.command(short_help="Convert a PyTorch model to LiteRT artifacts for each target.",
+               epilog=EXIT_CODES_HELP + " With several targets the worst kind decides: 4 (an artifact computes "
                "wrong numbers) beats 3 (a target has no usable artifact: conversion, size, ops, arena); each target's "
                "line says its own. With --json the report is printed before a failing exit.")
 @click.argument("model", type=click.Path())

@@ -3,8 +3,10 @@ import json
 import click
 
 from tpu_pipeline.doctor import diagnose
+from tpu_pipeline.cli.commands import register
 
 
+@register("doctor")
 @click.command()
 @click.option("--device", default="auto", show_default=True, help="auto, tpu, cuda or cpu.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

@@ -2,7 +2,10 @@ import json
 
 import click
 
+from tpu_pipeline.cli.commands import register
 
+
+@register("eval")
 @click.command()
 @click.option("--recipe", default="grpo_math", show_default=True, help="rl recipe whose task and scorer to use.")
 @click.option("--policy", required=True, help="Hugging Face policy folder (e.g. runs/grpo_math/policy).")

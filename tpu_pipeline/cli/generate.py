@@ -8,9 +8,11 @@ import click
 from tpu_pipeline.convert import litertlm_runtime
 from tpu_pipeline.convert.lm_runtime import META_FILE, LiteRTLanguageModel, resolve_artifact_dir
 from tpu_pipeline.errors import UserError
+from tpu_pipeline.cli.commands import register
 
 
-@click.command()
+@register("generate")
+@click.command(short_help="Generate text with an exported LiteRT language model.")
 @click.argument("artifact_dir", type=click.Path(path_type=Path))
 @click.option("--prompt", required=True, help="Text to continue.")
 @click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 4096))

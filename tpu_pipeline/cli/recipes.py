@@ -3,9 +3,11 @@ import json
 import click
 
 from tpu_pipeline.recipes import cost_text, list_recipes
+from tpu_pipeline.cli.commands import register
 
 
-@click.command()
+@register("recipes")
+@click.command(short_help="List the train and rl recipes.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def command(as_json: bool) -> None:
     """List the train and rl recipes, with their expected cost (wall minutes on 2 CPU cores; GPU where measured)."""

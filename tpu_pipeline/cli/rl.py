@@ -3,6 +3,8 @@ import sys
 
 import click
 
+from tpu_pipeline.cli.commands import register
+
 
 def _override(ctx, param, values):
     out = {}
@@ -17,6 +19,7 @@ def _override(ctx, param, values):
     return out
 
 
+@register("rl")
 @click.command()
 @click.option("--recipe", default="grpo_math", show_default=True, help="rl recipe name, or a path to a recipe .toml.")
 @click.option("--out", "out", default=None, help="Run folder (default runs/<recipe>).")

@@ -3,6 +3,8 @@ import tomllib
 
 import click
 
+from tpu_pipeline.cli.commands import register
+
 
 def _override(ctx, param, values):
     out = {}
@@ -22,7 +24,8 @@ def _toml_value(text: str):
         return text
 
 
-@click.command()
+@register("train")
+@click.command(short_help="Train a model from a recipe.")
 @click.option("--recipe", required=True, help="A train recipe name (see `tpu-pipeline recipes`) or a .toml path.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Run folder [default: runs/train/<recipe>].")
 @click.option("--device", default="auto", show_default=True, help="auto, tpu, cuda or cpu.")
