@@ -22,6 +22,7 @@ import torch
 
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.kernels._api import _check_impl, flash_attention, linear_token_logprobs, rms_norm
+from tpu_pipeline.registry import Registry
 
 ATTN_NAME = "tpu_pipeline"
 _IMPL_ATTR = "_tpu_pipeline_kernels"
@@ -108,10 +109,16 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTN_NAME, _kernel_mask)
 
 
-# Families whose RMSNorm is x * rsqrt(mean(x^2) + eps) * weight and whose attention is
-# plain scaled dot-product (no logit soft-capping, no attention sinks). Gemma's norm
-# scales by (1 + weight), for one, so a name-based swap would be silently wrong.
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+# transformers model_types whose RMSNorm is x * rsqrt(mean(x^2) + eps) * weight and whose
+# attention is plain scaled dot-product (no logit soft-capping, no attention sinks). Gemma's
+# norm scales by (1 + weight), for one, so a name-based swap would be silently wrong: a family
+# is added only once tests/kernels/test_models_on_cpu.py matches it against transformers.
+KERNEL_FAMILIES: Registry[str] = Registry(
+    "kernel model family", "a KERNEL_FAMILIES.add line in kernels/_hf.py, and a case in tests/kernels/test_models_on_cpu.py")
+KERNEL_FAMILIES.add("llama", "llama", "Llama: RMSNorm, grouped-query attention")
+KERNEL_FAMILIES.add("mistral", "mistral", "Mistral: as Llama; with a sliding window (its config's default) attention falls back to torch")
+KERNEL_FAMILIES.add("qwen2", "qwen2", "Qwen2: as Llama, with q/k/v biases (the kernel never sees them)")
+KERNEL_FAMILIES.add("qwen3", "qwen3", "Qwen3: as Llama, with RMSNorm on q and k (swapped too)")
 
 
 def use_kernels(model: torch.nn.Module, impl: str = "auto") -> torch.nn.Module:
@@ -122,9 +129,9 @@ def use_kernels(model: torch.nn.Module, impl: str = "auto") -> torch.nn.Module:
     _check_impl(impl)
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED:
+    if model_type not in KERNEL_FAMILIES:
         raise UserError(f"use_kernels: {type(model).__name__} (model_type {model_type!r}) is not supported; "
-                        f"supported transformers families: {', '.join(SUPPORTED)}")
+                        f"supported transformers families: {', '.join(KERNEL_FAMILIES.names())}")
     norms = [m for m in model.modules()
              if type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor)]
     attns = [m for m in model.modules() if hasattr(m, "num_key_value_groups") and hasattr(m, "scaling")]

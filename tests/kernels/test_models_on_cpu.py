@@ -10,6 +10,7 @@ import transformers
 
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.kernels import _bridge, sequence_logprobs, use_kernels
+from tpu_pipeline.kernels._hf import KERNEL_FAMILIES
 
 
 def tiny_llama(seed=0):
@@ -39,6 +40,26 @@ def attention_shapes(monkeypatch):
 
     monkeypatch.setattr(_bridge, "flash_attention", spy)
     return seen
+
+
+@pytest.mark.parametrize("family", KERNEL_FAMILIES.names())
+def test_every_registered_family_matches_transformers(family, attention_shapes):
+    """A family is registered only when its stock model and the kernels agree (biases, q/k norms...)."""
+    cfg = transformers.AutoConfig.for_model(
+        KERNEL_FAMILIES.get(family), vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0,
+        sliding_window=None, attn_implementation="sdpa")  # a window's mask is torch's path (Mistral's default 4096)
+    torch.manual_seed(0)
+    stock = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():  # trained-like: random biases and norm weights, not zeros and ones
+        for name, p in stock.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    model = use_kernels(copy.deepcopy(stock), "pallas")
+    ids = torch.randint(3, 40, (2, 11))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, stock(ids).logits, rtol=1e-5, atol=1e-5)
+    assert attention_shapes == [(11, 11)] * 2
 
 
 def test_forward_matches_stock_model(stock, attention_shapes):
