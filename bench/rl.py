@@ -30,10 +30,10 @@ def _policy(path: str | None, out: Path) -> Path:
         return Path(path)
     import torch
 
-    from tpu_pipeline.train import arith
+    from tpu_pipeline.train.tasks import char_lm
 
     torch.manual_seed(0)
-    tok, model = arith.build_tokenizer(), arith.build_model()  # the arith_lm size (~1.8M parameters)
+    tok, model = char_lm.build_tokenizer(), char_lm.build_model()  # the arith_lm size (~1.8M parameters)
     model.save_pretrained(out / "policy")
     tok.save_pretrained(out / "policy")
     return out / "policy"
@@ -52,7 +52,8 @@ def bench_ours(policy: Path, batches, n: int, out: Path) -> dict:
     from tpu_pipeline.rl.recipe import load_recipe
     from tpu_pipeline.rl.engine import Engine
     from tpu_pipeline.rl.policy import build_optimizer, load_policy
-    from tpu_pipeline.rl.rewards import GuardedReward, compute_score
+    from tpu_pipeline.rl.rewards import GuardedReward
+    from tpu_pipeline.train.tasks.rewards import compute_score
 
     cfg = load_recipe("grpo_math", {"rollout.n": n, "trainer.prompts_per_step": len(batches[0]),
                                     "trainer.kernels": "torch", "trainer.track_kl": False})
@@ -82,7 +83,7 @@ def bench_trl(policy: Path, batches, n: int, out: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from tpu_pipeline.rl.rewards import compute_score
+    from tpu_pipeline.train.tasks.rewards import compute_score
 
     tok = AutoTokenizer.from_pretrained(policy)
     tok.padding_side = "left"
@@ -161,10 +162,6 @@ def control(a) -> dict:
     if a.threads:
         torch.set_num_threads(a.threads)
     cfg = load_recipe(a.recipe)
-    if "countdown" in cfg.data.tasks:
-        from tpu_pipeline.rl.countdown import supervised_control as countdown_control
-
-        return countdown_control(cfg, a.warm_start, a.seconds, lr=a.lr, k=a.k)
     return supervised_control(cfg, a.warm_start, a.seconds, lr=a.lr, k=a.k)
 
 

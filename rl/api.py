@@ -16,7 +16,6 @@ from tpu_pipeline.files import atomic_write_json
 from tpu_pipeline.kernels import use_kernels
 from tpu_pipeline.metrics import MetricsWriter
 from tpu_pipeline.rl import algo, dapo
-from tpu_pipeline.rl import countdown  # also registers the countdown data source
 from tpu_pipeline.rl.accel import compute_dtype
 from tpu_pipeline.rl.recipe import RLConfig, fingerprint, load_recipe, to_dict
 from tpu_pipeline.rl.curve import plot_curve
@@ -25,8 +24,10 @@ from tpu_pipeline.rl.engine import Engine, make_reference, set_threads, write_ev
 from tpu_pipeline.rl.evaluate import evaluate
 from tpu_pipeline.rl.lora import AdaptersOff, add_lora
 from tpu_pipeline.rl.policy import (build_optimizer, check_policy_files, load_policy, save_policy, warm_start,
-                                    warm_start_overrides, warm_start_training_set)
+                                    warm_start_overrides, warm_start_recipe)
 from tpu_pipeline.rl.rewards import GuardedReward, load_reward
+from tpu_pipeline.train.tasks import TASK_SOURCES
+from tpu_pipeline.train.tasks.base import TaskSource
 from tpu_pipeline.training import Hook
 
 ENGINES = ("local", "verl")
@@ -62,10 +63,15 @@ def validate(cfg: RLConfig) -> None:
         if not ok:
             raise UserError(f"recipe {cfg.name}: {msg}")
     if not d.file:
+        if not d.source:
+            raise UserError(f"recipe {cfg.name}: set data.source (a task source: {', '.join(TASK_SOURCES.names())}) "
+                            "or data.file (--data FILE.parquet)")
+        source = TASK_SOURCES.get(d.source)
         try:
-            countdown.difficulty(d) if countdown.TASK in d.tasks else d.arith_difficulty()
+            source.Difficulty.from_dict(d.difficulty)
         except UserError as e:
             raise UserError(f"recipe {cfg.name}: data.difficulty: {e}") from None
+        source.warm_start_overrides(d)  # types data.options: unknown keys and bad values refused here
     algo.check(cfg.algorithm)
     dapo.check(cfg)
 
@@ -184,11 +190,9 @@ def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool,
     else:
         log(f"evaluating the starting policy on {len(heldout)} held-out problems")
         before = {**eng.evaluate(heldout, k=cfg.trainer.eval_k), "policy": ws_info["path"]}
-        if not cfg.policy.path and hasattr(source, "unseen"):
-            ts = warm_start_training_set(cfg.policy.warm_start, warm_start_overrides(cfg))
-            unseen = source.unseen(cfg.data.heldout_n, *ts) if ts else []
-            if unseen:
-                before["unseen_accuracy"] = eng.evaluate(unseen)["accuracy"]
+        unseen = _unseen_problems(cfg, source)
+        if unseen:
+            before["unseen_accuracy"] = eng.evaluate(unseen)["accuracy"]
         atomic_write_json(before_path, before)
     mlog = MetricsWriter(out, total_steps=cfg.trainer.steps, start_step=eng.step, progress=progress,
                          description="rl", tb_prefix="rl", fields=BAR_FIELDS, lines=False)
@@ -221,15 +225,19 @@ def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool,
     return evals
 
 
+def _unseen_problems(cfg: RLConfig, source) -> list:
+    """Held-out problems the warm start never trained on either (TaskSource.unseen); [] when
+    the policy came by path, the data from a file, or the source has no such split."""
+    ws = warm_start_recipe(cfg)
+    if ws is None or not isinstance(source, TaskSource):
+        return []
+    return source.unseen(cfg.data.heldout_n, ws)
+
+
 def _unseen_by_warm_start(cfg: RLConfig, eng, source, before: dict) -> dict | None:
     """Greedy accuracy, before and after RL, on held-out prompts the warm start never saw
-    either (the arith_lm held-out definition): reported beside the main split."""
-    if cfg.policy.path or not hasattr(source, "unseen"):
-        return None
-    ts = warm_start_training_set(cfg.policy.warm_start, warm_start_overrides(cfg))
-    if ts is None:
-        return None
-    problems = source.unseen(cfg.data.heldout_n, *ts)
+    either: reported beside the main split."""
+    problems = _unseen_problems(cfg, source)
     if not problems:
         return None
     after = eng.evaluate(problems)["accuracy"]

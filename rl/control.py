@@ -1,14 +1,15 @@
-"""The supervised control for grpo_math's report: the same warm start, the same
+"""The supervised control of an RL recipe's report: the same warm start, the same
 held-out split, and the RL phase's wall time spent on more supervised steps
 on the true answers (what the warm start would have gained from more
 supervision instead of RL).
 
 It continues the warm start's optimizer (AdamW moments carried) at the
-learning rate its schedule ended on, with its batch size, on the RL prompt
-stream (held-out prompts excluded), and stops at the time budget. Batches
-and loss are arith_lm's own (tpu_pipeline.train.arith.lm_batch and
-lm_loss_sum); a NaN/inf loss stops it with the training core's
-DivergedError, as in train and rl.
+learning rate its schedule ended on, with its batch size, on batches the
+recipe's task source supplies (`TaskSource.supervised_batches`: the RL prompt
+stream with held-out prompts excluded, or the training pool with one solution
+each, as the task defines it), and stops at the time budget. The loss is the char-level
+LM's (tpu_pipeline.train.tasks.char_lm.lm_loss_sum); a NaN/inf loss stops it
+with the training core's DivergedError, as in train and rl.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from pathlib import Path
 
 import torch
 
-from tpu_pipeline.errors import DivergedError
-from tpu_pipeline.rl.recipe import RLConfig
-from tpu_pipeline.rl.data import ArithSource
+from tpu_pipeline.errors import DivergedError, UserError
+from tpu_pipeline.rl.data import build_source
 from tpu_pipeline.rl.evaluate import evaluate
 from tpu_pipeline.rl.policy import build_optimizer, load_policy
+from tpu_pipeline.rl.recipe import RLConfig
 from tpu_pipeline.rl.rewards import GuardedReward, load_reward
-from tpu_pipeline.train import arith
+from tpu_pipeline.train.tasks import char_lm
+from tpu_pipeline.train.tasks.base import TaskSource
 
 
 def supervised_steps(model, opt, batch, seconds: float, warm_start) -> tuple[int, float]:
@@ -34,7 +36,7 @@ def supervised_steps(model, opt, batch, seconds: float, warm_start) -> tuple[int
     model.train()
     while time.time() - t0 < seconds:
         ids, labels = batch(steps)
-        loss = arith.lm_loss_sum(model, ids, labels) / (labels != arith.IGNORE).sum()
+        loss = char_lm.lm_loss_sum(model, ids, labels) / (labels != char_lm.IGNORE).sum()
         if not torch.isfinite(loss):
             raise DivergedError(f"diverged: the supervised control's loss became NaN/inf at step {steps + 1}; "
                                 f"the warm start in {warm_start} is unchanged; try a lower lr (bench/rl.py control --lr)")
@@ -51,19 +53,19 @@ def supervised_control(cfg: RLConfig, warm_start_dir: str | Path, seconds: float
     ws = Path(warm_start_dir)
     model, tok = load_policy(ws / "hf")
     opt, carried = build_optimizer(model, lr=lr, weight_decay=0.0, carry_from=ws / "optimizer.pt")
-    source = ArithSource(cfg.data.tasks, cfg.data.arith_difficulty(), cfg.data.heldout_n)
+    source = build_source(cfg.data, cfg.trainer.seed)
+    if not isinstance(source, TaskSource):
+        raise UserError(f"recipe {cfg.name}: the supervised control needs a task source (data.source), not a file")
     heldout = source.heldout()
+    batch = source.supervised_batches(tok, batch_size, cfg.trainer.seed)
     guard = GuardedReward(load_reward(cfg.trainer.reward), cfg.trainer.reward_timeout_s)
-    score = lambda items: guard(items).scores  # noqa: E731
-    def batch(step):
-        probs = source.train_batch(step, batch_size, cfg.trainer.seed + 7919)
-        return arith.lm_batch(tok, [arith.Problem(p.prompt, p.ground_truth, p.data_source) for p in probs])
-
-    steps, trained = supervised_steps(model, opt, batch, seconds, ws)
-    d = cfg.data
-    res = evaluate(model, tok, heldout, score, max_prompt_length=d.max_prompt_length,
-                   max_response_length=d.max_response_length, overlong=d.overlong_prompt, k=k,
-                   temperature=cfg.trainer.eval_temperature)
-    guard.close()
+    try:
+        steps, trained = supervised_steps(model, opt, batch, seconds, ws)
+        d = cfg.data
+        res = evaluate(model, tok, heldout, lambda items: guard(items).scores, max_prompt_length=d.max_prompt_length,
+                       max_response_length=d.max_response_length, overlong=d.overlong_prompt, k=k,
+                       temperature=cfg.trainer.eval_temperature)
+    finally:
+        guard.close()
     return {**res, "steps": steps, "seconds_trained": round(trained, 1), "lr": lr, "batch_size": batch_size,
             "optimizer_state_carried": carried}

@@ -45,11 +45,11 @@ from tpu_pipeline.rl import algo, dapo
 from tpu_pipeline.rl.accel import autocast, chunk_weight, micro_batches, sampling_generator
 from tpu_pipeline.rl.recipe import RLConfig, fingerprint
 from tpu_pipeline.rl.dapo import Sampled
-from tpu_pipeline.rl.data import Problem, _seed
 from tpu_pipeline.rl.evaluate import decode, encode_prompts, evaluate
 from tpu_pipeline.rl.rewards import GuardedReward
 from tpu_pipeline.rl.rollout import Rollout, generate, grouped_token_logprobs, token_logprobs
 from tpu_pipeline.schedule import lr_factor
+from tpu_pipeline.train.tasks.rows import Problem, stable_seed
 from tpu_pipeline.training import Hook, call_hooks, diverged
 
 
@@ -106,7 +106,7 @@ class Engine:
         d, t = self.cfg.data, self.cfg.trainer
         return evaluate(self.model, self.tokenizer, problems, self.score, max_prompt_length=d.max_prompt_length,
                         max_response_length=d.max_response_length, overlong=d.overlong_prompt, k=k,
-                        temperature=t.eval_temperature, seed=_seed("eval", t.seed), precision=t.precision)
+                        temperature=t.eval_temperature, seed=stable_seed("eval", t.seed), precision=t.precision)
 
     def autocast(self):
         return autocast(self.cfg.trainer.precision, self.device)
@@ -117,7 +117,7 @@ class Engine:
         t_start = time.time()
         step, seed, n, P = self.step, cfg.trainer.seed, cfg.rollout.n, cfg.trainer.prompts_per_step
         problems: list[Problem] = self.source.train_batch(step, P, seed)
-        first = self.sample(problems, _seed("rollout", seed, step), uid=f"{step}")
+        first = self.sample(problems, stable_seed("rollout", seed, step), uid=f"{step}")
         got, rounds = self.sample_groups(first)
         t_reward = time.time()
         scores, r = first.scores, first.rollout
@@ -204,8 +204,8 @@ class Engine:
             if total >= P or len(rounds) >= fg.max_num_gen_batches:
                 break
             k = len(rounds)
-            more = self.source.train_batch(self.step, P, _seed("refill", seed, k))
-            rounds.append(self.sample(more, _seed("rollout", seed, self.step, k), uid=f"{self.step}.{k}"))
+            more = self.source.train_batch(self.step, P, stable_seed("refill", seed, k))
+            rounds.append(self.sample(more, stable_seed("rollout", seed, self.step, k), uid=f"{self.step}.{k}"))
         kept = [x for x in kept if x.problems]
         return (dapo.concat(kept, self.tokenizer.pad_token_id) if kept else first.select([])), rounds
 
@@ -254,7 +254,7 @@ class Engine:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.model.train()
-        gen = torch.Generator().manual_seed(_seed("minibatch", cfg.trainer.seed, self.step))
+        gen = torch.Generator().manual_seed(stable_seed("minibatch", cfg.trainer.seed, self.step))
         mb = max(1, math.ceil(B / cfg.trainer.minibatches))
         agg = algo.resolve(alg)["loss_agg_mode"]
         if on_policy:  # filled chunk by chunk with the current log-probs (detached)

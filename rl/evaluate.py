@@ -10,8 +10,8 @@ import torch
 
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.rl.accel import autocast, sampling_generator
-from tpu_pipeline.rl.data import Problem
 from tpu_pipeline.rl.rollout import generate
+from tpu_pipeline.train.tasks.rows import Problem
 
 
 def encode_prompts(tokenizer, problems: Sequence[Problem], max_len: int, overlong: str) -> list[list[int]]:

@@ -1,5 +1,5 @@
 """The policy: a Hugging Face causal LM and its tokenizer, where it comes from
-(an explicit path, or the arith_lm warm start trained on the spot and cached),
+(an explicit path, or the recipe's warm start trained on the spot and cached),
 its optimizer (carrying the warm start's AdamW moments), and saving it.
 
 Loading never runs code from the model folder: `trust_remote_code` stays off
@@ -21,6 +21,8 @@ from tpu_pipeline.errors import UserError
 from tpu_pipeline.files import atomic_write_json, staged_dir
 from tpu_pipeline.recipes import find_recipe
 from tpu_pipeline.train import runner as train_runner
+from tpu_pipeline.train.recipe import Recipe
+from tpu_pipeline.train.tasks import TASK_SOURCES
 
 
 def home() -> Path:
@@ -28,28 +30,22 @@ def home() -> Path:
 
 
 def warm_start_overrides(cfg) -> dict[str, Any]:
-    """The train overrides of grpo_math's warm start: its task and difficulty follow
-    the rl recipe's data section (so the two cannot drift apart), then any explicit
-    policy.warm_start_overrides (budget, model size). These are `--set` overrides of
-    the train recipe, checked by train's typed config like any other."""
+    """The train overrides of an rl recipe's warm start: its task source's (task and
+    difficulty follow the rl recipe's data section, so the two cannot drift apart), then
+    any explicit policy.warm_start_overrides (budget, model size). These are `--set`
+    overrides of the train recipe, checked by train's typed config like any other."""
     ov: dict[str, Any] = {}
-    # countdown_lm's [countdown] section holds countdown's difficulty keys; arith_lm's [arith] the rest.
-    section = "countdown" if "countdown" in cfg.data.tasks else "arith"
-    if section == "arith" and not cfg.data.file and cfg.data.tasks != ["basic_arithmetic", "chain_sum"]:
-        ov["arith.tasks"] = list(cfg.data.tasks)
-    if section == "countdown":  # the warm start trains on exactly rl's seed-0 pool
-        ov["countdown.n_train"] = cfg.data.pool_size
-    for k, v in cfg.data.difficulty.items():
-        ov[f"{section}.{k}"] = list(v) if isinstance(v, (list, tuple)) else v
+    if cfg.data.source:
+        ov.update(TASK_SOURCES.get(cfg.data.source).warm_start_overrides(cfg.data))
     ov.update(cfg.policy.warm_start_overrides)
     return ov
 
 
-def warm_start_training_set(recipe: str, overrides: dict[str, Any]) -> tuple[int, int] | None:
-    """(n_train, seed) of a warm start's training problems, from its typed train recipe
-    (None when that recipe does not train on arithmetic)."""
-    _, r = train_runner.load_recipe(recipe, overrides or None)
-    return (r.arith.n_train, r.seed) if r.task == "arith_lm" else None
+def warm_start_recipe(cfg) -> Recipe | None:
+    """The typed train recipe of the warm start (None when the policy is given by path)."""
+    if cfg.policy.path or not cfg.policy.warm_start:
+        return None
+    return train_runner.load_recipe(cfg.policy.warm_start, warm_start_overrides(cfg) or None)[1]
 
 
 def warm_start_key(recipe: str, overrides: dict[str, Any]) -> str:

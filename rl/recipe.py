@@ -13,12 +13,11 @@ from typing import Any, Literal
 
 from tpu_pipeline import config as _config
 from tpu_pipeline.recipes import find_recipe
-from tpu_pipeline.train.arith import Difficulty
 
 
 @dataclasses.dataclass(kw_only=True)
 class PolicyConfig:
-    warm_start: str = "arith_lm"
+    warm_start: str = ""  # a train recipe whose hf/ is the starting policy ("": policy.path is required)
     warm_start_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     path: str = ""
     carry_optimizer_state: bool = True
@@ -30,18 +29,14 @@ class PolicyConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class DataConfig:
-    tasks: list[str] = dataclasses.field(default_factory=lambda: ["basic_arithmetic", "chain_sum"])
-    difficulty: dict[str, Any] = dataclasses.field(default_factory=dict)
+    source: str = ""  # a registered rl task source (tpu_pipeline.train.tasks.TASK_SOURCES); "" with `file`
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # typed by the source's Options
+    difficulty: dict[str, Any] = dataclasses.field(default_factory=dict)  # typed by the source's Difficulty
     file: str = ""
     heldout_n: int = 1000
     max_prompt_length: int = 32
     max_response_length: int = 12
     overlong_prompt: Literal["truncate", "refuse"] = "refuse"
-    pool_size: int = 4000  # countdown: training problems per seed (its warm start's n_train), generated once and cached
-
-    def arith_difficulty(self) -> Difficulty:
-        """`difficulty` typed for tpu_pipeline.train.arith (unknown keys and bad values: UserError)."""
-        return Difficulty.from_dict(self.difficulty)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -104,7 +99,7 @@ class TrainerConfig:
     eval_every: int = 25
     eval_k: int = 8
     eval_temperature: float = 1.0
-    reward: str = "tpu_pipeline.rl.rewards:compute_score"
+    reward: str = "verl_default"  # a registered reward (tpu_pipeline.train.tasks.REWARDS) or module:function
     reward_timeout_s: float = 5.0
     max_nan_steps: int = 3
     track_kl: bool = True

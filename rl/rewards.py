@@ -1,11 +1,12 @@
-"""Rewards: VeRL's scorers, a user's `module:function`, and a guard that bounds
-each call with a timeout so a reward that raises or hangs costs one sample, not
-the run.
+"""Rewards: a registered reward by name, a user's `module:function`, and a guard
+that bounds each call with a timeout so a reward that raises or hangs costs one
+sample, not the run.
 
-The default `compute_score` is VeRL's `default_compute_score`; data sources
-VeRL does not know (the reasoning-gym tasks of grpo_math) are scored with
-VeRL's strict gsm8k scorer (`#### <answer>`), so a format trick earns nothing.
-The same function path is handed to VeRL's trainer by `--engine verl`.
+The built-in rewards are registered in tpu_pipeline.train.tasks' REWARDS,
+each beside the task it verifies, or in that package's rewards module for
+`verl_default` (VeRL's scorer by data source, strict `#### N` otherwise). A
+user's reward is any function with VeRL's compute_score signature, named as
+`module:function`. `--engine verl` hands VeRL the same function.
 """
 
 from __future__ import annotations
@@ -18,29 +19,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tpu_pipeline.errors import UserError
+from tpu_pipeline.train.tasks import REWARDS
 
-DEFAULT_REWARD = "tpu_pipeline.rl.rewards:compute_score"
-
-
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs) -> float:
-    """VeRL's scorer for its known data sources; strict `#### <answer>` otherwise."""
-    # heavy: verl's scorers import its math libraries (seconds); a custom --reward never needs them
-    from verl.utils.reward_score import default_compute_score
-    from verl.utils.reward_score import gsm8k
-
-    try:
-        res = default_compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
-    except NotImplementedError:
-        res = gsm8k.compute_score(solution_str, str(ground_truth), method="strict")
-    if isinstance(res, dict):
-        res = res.get("score", 0.0)
-    return float(res)
+DEFAULT_REWARD = "verl_default"
 
 
 def load_reward(spec: str) -> Callable[..., Any]:
-    """`module:function` -> the function (imported, never exec'd from a file)."""
+    """A registered reward's name, or `module:function` -> the function (imported, never exec'd from a file)."""
     if ":" not in spec:
-        raise UserError(f"--reward {spec!r}: expected module:function, e.g. {DEFAULT_REWARD}")
+        if spec in REWARDS:
+            return REWARDS.get(spec)
+        raise UserError(f"--reward {spec!r}: not a registered reward ({', '.join(REWARDS.names())}) "
+                        f"nor module:function (e.g. my_rewards:compute_score)")
     mod_name, fn_name = spec.split(":", 1)
     try:
         mod = importlib.import_module(mod_name)
@@ -50,6 +40,15 @@ def load_reward(spec: str) -> Callable[..., Any]:
     if not callable(fn):
         raise UserError(f"--reward {spec!r}: {mod_name} has no function {fn_name!r}")
     return fn
+
+
+def reward_location(spec: str) -> tuple[str, str]:
+    """(module, function) of a reward spec: what VeRL's custom_reward_function imports."""
+    if ":" in spec:
+        mod, fn = spec.split(":", 1)
+        return mod, fn
+    fn = load_reward(spec)
+    return fn.__module__, fn.__name__
 
 
 @dataclass

@@ -37,9 +37,11 @@ from tpu_pipeline._tpu_guard import tpu_hardware_present
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.files import atomic_write_text
 from tpu_pipeline.rl.algo import resolve
-from tpu_pipeline.rl.recipe import RLConfig
-from tpu_pipeline.rl.data import build_source, write_parquet
+from tpu_pipeline.rl.data import build_source
 from tpu_pipeline.rl.policy import home, warm_start, warm_start_key, warm_start_overrides
+from tpu_pipeline.rl.recipe import RLConfig
+from tpu_pipeline.rl.rewards import reward_location
+from tpu_pipeline.train.tasks.rows import write_parquet
 
 VERL_ENTRY = ["-m", "verl.trainer.main_ppo"]
 
@@ -60,7 +62,7 @@ def hydra_overrides(cfg: RLConfig, *, train_file: Path, val_file: Path, policy_p
     """Recipe fields -> VeRL hydra overrides (key=value), one to one."""
     alg, t, d, r, o, v = cfg.algorithm, cfg.trainer, cfg.data, cfg.rollout, cfg.optim, cfg.verl
     a = resolve(alg)
-    mod, fn = t.reward.split(":", 1)
+    mod, fn = reward_location(t.reward)
     mini = max(1, t.prompts_per_step // t.minibatches)
     micro = t.micro_batch_size or max(1, min(mini * r.n, 64))  # rows per forward/backward, as locally
     ov = [

@@ -3,8 +3,9 @@
     from tpu_pipeline.train import run
     run("digits_cnn", "runs/digits")        # -> held-out figures, also in runs/digits/eval.json
 
-Recipes are TOML files in train/recipes/; `arith` is the arithmetic task
-module rl builds on (typed: arith.Difficulty, arith.Problem).
+Recipes are TOML files in train/recipes/; each names a task of
+`tpu_pipeline.train.tasks` (one module per task: its problems, format and
+verifier, shared with rl).
 """
 
 if __name__ != "tpu_pipeline.train":

@@ -1,6 +1,6 @@
 """The training loop: AdamW, warm-up + cosine, clipping, bf16 autocast, checkpoints.
 
-Task-agnostic (task.py supplies data, loss, eval and export). The machinery
+Task-agnostic (a tpu_pipeline.train.tasks Task supplies data, loss, eval and export). The machinery
 is the training core rl shares: tpu_pipeline.checkpoint, .metrics,
 .schedule and .training (hooks, divergence). Every step's batch indices and
 dropout RNG derive from (seed, step) alone, so a resumed run repeats exactly
@@ -31,9 +31,9 @@ from tpu_pipeline.errors import NotBuiltError
 from tpu_pipeline.files import atomic_write_json
 from tpu_pipeline.metrics import MetricsWriter
 from tpu_pipeline.schedule import scheduler
-from tpu_pipeline.train.recipe import Recipe
 from tpu_pipeline.train.distributed import DistInfo
-from tpu_pipeline.train.task import Task
+from tpu_pipeline.train.recipe import Recipe
+from tpu_pipeline.train.tasks.base import Task
 from tpu_pipeline.training import Hook, call_hooks, diverged
 
 

@@ -1,21 +1,23 @@
 """Training recipe schema: typed keyword-only dataclasses filled from TOML.
 
-A recipe file (train/recipes/*.toml) names a `task` and holds the section of
-that task plus the shared `[loop]` and `[optim]` sections. Every field is
-documented in the shipped recipes; `tpu_pipeline.config.load` rejects
-unknown keys and wrong types, and `validate` below rejects values that type
-check but cannot work.
+A recipe file (train/recipes/*.toml) names a registered `task` and holds the
+shared `[loop]` and `[optim]` sections plus the task's own table, named and
+typed by the task (`Task.section` names the table, `Task.Config` types it).
+Every field is documented in the shipped recipes; `tpu_pipeline.config`
+rejects unknown keys and wrong types, and `validate` below rejects values
+that type check but cannot work.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+import tomllib
+from pathlib import Path
+from typing import Any
 
+from tpu_pipeline import config
 from tpu_pipeline.errors import UserError
-from tpu_pipeline.train import countdown
-from tpu_pipeline.train.arith import Difficulty
-
+from tpu_pipeline.train.tasks import TASKS
 
 @dataclasses.dataclass(kw_only=True)
 class LoopConfig:
@@ -40,90 +42,63 @@ class OptimConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class DigitsConfig:
-    test_fraction: float = 0.2       # held-out share of sklearn's 1,797 digits
-    split_seed: int = 0              # fixed train/test split (independent of the run seed)
-    channels: list[int] = dataclasses.field(default_factory=lambda: [16, 32])  # conv widths
-    hidden: int = 64                 # width of the hidden dense layer
-    dropout: float = 0.1             # dropout before the classifier
-
-
-@dataclasses.dataclass(kw_only=True)
-class ArithConfig:
-    tasks: list[str] = dataclasses.field(default_factory=lambda: ["basic_arithmetic", "chain_sum"])  # reasoning-gym tasks
-    n_train: int = 20000             # training problems (sampled with replacement per step)
-    n_heldout: int = 1000            # held-out problems for eval.json (deduplicated against training)
-    min_terms: int = 2               # fewest operands per problem
-    max_terms: int = 3               # most operands per problem
-    min_digits: int = 1              # fewest digits per operand
-    max_digits: int = 1              # most digits per operand
-    operators: list[str] = dataclasses.field(default_factory=lambda: ["+", "-"])  # subset of + - * /
-    hidden_size: int = 192           # Llama width
-    intermediate_size: int = 512     # Llama MLP width
-    num_hidden_layers: int = 4       # Llama depth
-    num_attention_heads: int = 6     # attention heads
-    num_key_value_heads: int = 6     # key/value heads (< heads: grouped-query attention)
-    max_position_embeddings: int = 64  # longest prompt + answer in tokens
-    pass_k: int = 8                  # eval.json also reports pass@k at temperature 1 (0: skip)
-    n_pass_k: int = 200              # held-out problems used for pass@k
-
-    def difficulty(self) -> Difficulty:
-        """The typed difficulty of arith.make_problems (checked: bad values are a UserError)."""
-        return Difficulty(min_terms=self.min_terms, max_terms=self.max_terms, min_digits=self.min_digits,
-                          max_digits=self.max_digits, operators=tuple(self.operators))
-
-    def model_config(self) -> dict:
-        """LlamaConfig sizes (arith.llama_kwargs adds the tokenizer's ids)."""
-        return {k: getattr(self, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                              "num_attention_heads", "num_key_value_heads",
-                                              "max_position_embeddings")}
-
-
-@dataclasses.dataclass(kw_only=True)
-class CountdownConfig:
-    n_train: int = 4000              # training problems, one solution each (sampled with replacement per step)
-    n_heldout: int = 1000            # held-out problems for eval.json (deduplicated against training)
-    min_numbers: int = 3             # fewest numbers per problem
-    max_numbers: int = 3             # most numbers per problem
-    min_value: int = 1               # smallest number
-    max_value: int = 9               # largest number
-    min_target: int = 1              # smallest target
-    max_target: int = 30             # largest target
-    operators: list[str] = dataclasses.field(default_factory=lambda: ["+", "-", "*", "/"])  # subset of + - * /
-    hidden_size: int = 192           # Llama width
-    intermediate_size: int = 512     # Llama MLP width
-    num_hidden_layers: int = 4       # Llama depth
-    num_attention_heads: int = 6     # attention heads
-    num_key_value_heads: int = 6     # key/value heads
-    max_position_embeddings: int = 64  # longest prompt + answer in tokens
-    pass_k: int = 8                  # eval.json also reports pass@k at temperature 1 (0: skip)
-    n_pass_k: int = 200              # held-out problems used for pass@k
-
-    def difficulty(self) -> countdown.Difficulty:
-        return countdown.Difficulty(**{k: getattr(self, k) for k in (
-            "min_numbers", "max_numbers", "min_value", "max_value", "min_target", "max_target")},
-            operators=tuple(self.operators))
-
-    def model_config(self) -> dict:
-        return ArithConfig.model_config(self)
-
-
-@dataclasses.dataclass(kw_only=True)
 class Recipe:
     description: str                 # one line shown by `tpu-pipeline recipes`
-    task: Literal["digits_cnn", "arith_lm", "countdown_lm"]  # which model/data/eval the recipe trains
+    task: str                        # a registered train task (tpu_pipeline.train.tasks.TASKS)
     seed: int = 0                    # run seed: init, batch order, dropout (--seed overrides)
     loop: LoopConfig
     optim: OptimConfig
-    digits: DigitsConfig | None = None  # [digits] section, for task = "digits_cnn"
-    arith: ArithConfig | None = None    # [arith] section, for task = "arith_lm"
-    countdown: CountdownConfig | None = None  # [countdown] section, for task = "countdown_lm"
     expected_minutes_cpu: float = 0.0   # wall minutes of the default run on 2 CPU cores (tpu-pipeline recipes; 0: not measured)
     expected_minutes_gpu: float = 0.0   # the same on one GPU (0: not measured)
+    # The task's table ([<Task.section>]), typed by its Task.Config; filled by `load`, not a TOML key.
+    settings: Any = dataclasses.field(default=None, init=False)
+
+    @property
+    def section(self) -> str:
+        return TASKS.get(self.task).section
 
 
-_TASK_SECTION = {"digits_cnn": "digits", "arith_lm": "arith", "countdown_lm": "countdown"}
-_SECTION_DEFAULT = {"digits": DigitsConfig, "arith": ArithConfig, "countdown": CountdownConfig}
+def load(path: Path, overrides: dict[str, Any] | None = None) -> Recipe:
+    """The recipe at `path` with dotted overrides, its task's table typed by the task."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path}: not valid TOML ({e})") from None
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+    task = data.get("task")
+    if not isinstance(task, str):
+        raise UserError(f"{path}: task: expected a registered train task name, got {task!r}")
+    cls = TASKS.get(task)
+    section = data.pop(cls.section, {})
+    for entry in TASKS.entries():
+        if entry.obj.section in data and entry.obj.section != cls.section:
+            raise UserError(f"{path}: section [{entry.obj.section}] belongs to task {entry.name!r}, but task is {task!r}")
+    r = config.build(Recipe, data, str(path))
+    r.settings = config.build(cls.Config, section, f"{path}: {cls.section}")
+    return r
+
+
+def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    for key in keys[:-1]:
+        data = data.setdefault(key, {})
+        if not isinstance(data, dict):
+            raise UserError(f"override {dotted!r}: {key!r} is not a table")
+    data[keys[-1]] = value
+
+
+def fingerprint(r: Recipe) -> dict:
+    """What a checkpoint must agree with to be resumed (everything that shapes the losses),
+    in the shape of the recipe file."""
+    d = dataclasses.asdict(r)
+    d.pop("description", None)
+    d[r.section] = d.pop("settings")
+    for k in ("log_every", "eval_every", "checkpoint_every", "compile"):
+        d["loop"].pop(k, None)
+    return d
 
 
 def validate(r: Recipe, where: str) -> Recipe:
@@ -132,12 +107,6 @@ def validate(r: Recipe, where: str) -> Recipe:
     def bad(msg: str) -> None:
         raise UserError(f"{where}: {msg}")
 
-    section = _TASK_SECTION[r.task]
-    for task, other in _TASK_SECTION.items():
-        if other != section and getattr(r, other) is not None:
-            bad(f"section [{other}] belongs to task {task!r}, but task is {r.task!r}")
-    if getattr(r, section) is None:
-        setattr(r, section, _SECTION_DEFAULT[section]())
     L, O = r.loop, r.optim
     if L.steps < 1:
         bad(f"loop.steps must be >= 1, got {L.steps}")
@@ -163,33 +132,8 @@ def validate(r: Recipe, where: str) -> Recipe:
         bad(f"optim.grad_clip must be >= 0, got {O.grad_clip}")
     if r.seed < 0:
         bad(f"seed must be >= 0, got {r.seed}")
-    if r.digits is not None:
-        d = r.digits
-        if not 0 < d.test_fraction < 1:
-            bad(f"digits.test_fraction must be in (0, 1), got {d.test_fraction}")
-        if not d.channels or any(c < 1 for c in d.channels) or len(d.channels) > 3:
-            bad(f"digits.channels must be 1-3 positive widths (8x8 input halves per conv), got {d.channels}")
-        if d.hidden < 1:
-            bad(f"digits.hidden must be >= 1, got {d.hidden}")
-        if not 0 <= d.dropout < 1:
-            bad(f"digits.dropout must be in [0, 1), got {d.dropout}")
-    for name in ("arith", "countdown"):
-        a = getattr(r, name)
-        if a is None:
-            continue
-        if a.n_train < 1 or a.n_heldout < 1:
-            bad(f"{name}.n_train and {name}.n_heldout must be >= 1")
-        if a.hidden_size % a.num_attention_heads:
-            bad(f"{name}.hidden_size ({a.hidden_size}) must be divisible by num_attention_heads ({a.num_attention_heads})")
-        if a.num_attention_heads % a.num_key_value_heads:
-            bad(f"{name}.num_attention_heads ({a.num_attention_heads}) must be divisible by num_key_value_heads ({a.num_key_value_heads})")
-        if min(a.hidden_size, a.intermediate_size, a.num_hidden_layers) < 1:
-            bad(f"{name} model sizes must be >= 1")
-        if a.pass_k < 0 or a.n_pass_k < 0:
-            bad(f"{name}.pass_k and {name}.n_pass_k must be >= 0")
-        try:
-            a.difficulty()
-        except UserError as e:
-            bad(str(e))
+    try:
+        r.settings.check(r.section)
+    except UserError as e:
+        bad(str(e))
     return r
-

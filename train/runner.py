@@ -7,7 +7,6 @@ kernels choice, and on --resume the checkpoint (checksum, format, config).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -15,38 +14,28 @@ from typing import Any, Iterable
 
 import tpu_pipeline
 from tpu_pipeline.checkpoint import Checkpointer
-from tpu_pipeline.config import load
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.kernels import use_kernels
 from tpu_pipeline.recipes import find_recipe
-from tpu_pipeline.train import arith_lm, countdown_lm, digits, distributed
-from tpu_pipeline.train.recipe import Recipe, validate
+from tpu_pipeline.train import distributed
 from tpu_pipeline.train.loop import train
-from tpu_pipeline.train.task import TASKS, Task
+from tpu_pipeline.train.recipe import Recipe, fingerprint, load, validate
+from tpu_pipeline.train.tasks import TASKS
+from tpu_pipeline.train.tasks.base import Task
 from tpu_pipeline.training import Hook
 
 # --kernels: "pallas" is our hand-written Pallas kernels (tpu_pipeline.kernels),
 # not Inductor's Pallas code generator (--inductor-pallas).
 KERNELS = ("auto", "pallas", "torch")
-_TASK_MODULES = (arith_lm, countdown_lm, digits)  # imported for their @TASKS.register
 
 
 def load_recipe(recipe: str, overrides: dict[str, Any] | None = None) -> tuple[str, Recipe]:
     path = find_recipe("train", recipe)
-    return path.stem, validate(load(Recipe, path, overrides), str(path))
+    return path.stem, validate(load(path, overrides), str(path))
 
 
 def get_task(recipe: Recipe, recipe_name: str) -> Task:
-    return TASKS.get(recipe.task)(recipe, recipe_name)
-
-
-def fingerprint(r: Recipe) -> dict:
-    """What a checkpoint must agree with to be resumed (everything that shapes the losses)."""
-    d = dataclasses.asdict(r)
-    d.pop("description", None)
-    for k in ("log_every", "eval_every", "checkpoint_every", "compile"):
-        d["loop"].pop(k, None)
-    return d
+    return TASKS.get(recipe.task)(recipe.settings, seed=recipe.seed, recipe_name=recipe_name)
 
 
 def default_out(name: str) -> Path:
@@ -116,7 +105,7 @@ def run(recipe: str, out: str | Path | None = None, *, device: str = "auto", ste
 
 def _kernels(impl: str, task: str):
     """(what the run used, a function that applies it to the model or None)."""
-    if task != "arith_lm":
+    if not TASKS.get(task).uses_kernels:
         return "n/a (no Llama modules)", None
     if impl == "torch":
         return "torch", None

@@ -1,5 +1,5 @@
 """Fixtures for the rl tests: a tiny random Llama policy (char tokenizer of
-tpu_pipeline.train.arith) saved as a Hugging Face folder, and small overrides
+tpu_pipeline.train.tasks.char_lm) saved as a Hugging Face folder, and small overrides
 that keep every run to a few seconds on 2 CPU cores."""
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ SMALL = {
 def tiny_policy(tmp_path_factory) -> Path:
     import torch
 
-    from tpu_pipeline.train import arith
+    from tpu_pipeline.train.tasks import char_lm
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("tiny_policy")
-    tok = arith.build_tokenizer()
-    model = arith.build_model(**TINY)
+    tok = char_lm.build_tokenizer()
+    model = char_lm.build_model(**TINY)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
 from tpu_pipeline.errors import DivergedError, UserError
-from tpu_pipeline.rl.data import Problem, read_parquet, write_parquet
+from tpu_pipeline.train.tasks.rows import Problem, read_parquet, write_parquet
 from tpu_pipeline.rl.rewards import GuardedReward
 
 from .conftest import SMALL
@@ -124,3 +124,9 @@ def test_unknown_recipe_key_and_bad_values_are_exit_2(tmp_path):
     assert r.exit_code == 2 and "rollout.n must be >= 2" in r.output
     r = CliRunner().invoke(cli, ["rl", "--reward", "nosuchmodule:f", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "cannot import" in r.output
+    r = CliRunner().invoke(cli, ["rl", "--reward", "countdwn", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "not a registered reward (countdown, verl_default)" in r.output
+    r = CliRunner().invoke(cli, ["rl", "--set", "data.source=arithm", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "unknown rl task source 'arithm'; valid: arith, countdown" in r.output
+    r = CliRunner().invoke(cli, ["rl", "--set", "data.options.taks=[]", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "data.options: unknown key 'taks'; valid keys: tasks" in r.output

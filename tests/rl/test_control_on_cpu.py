@@ -1,5 +1,6 @@
-"""The supervised control (bench/rl.py control): arith_lm's batches and loss on the
-RL prompt stream, the warm start's optimizer carried, a NaN loss a DivergedError."""
+"""The supervised control (bench/rl.py control): the task source's batches and the
+char-LM loss (grpo_math: the RL prompt stream), the warm start's optimizer carried,
+a NaN loss a DivergedError."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from tpu_pipeline.errors import DivergedError
 from tpu_pipeline.rl.recipe import load_recipe
 from tpu_pipeline.rl.control import supervised_control
-from tpu_pipeline.train import arith
+from tpu_pipeline.train.tasks import char_lm
 
 from .conftest import SMALL
 
@@ -32,6 +33,6 @@ def test_control_trains_on_true_answers_and_reports(warm_dir):
 
 def test_control_nan_loss_is_diverged(warm_dir, monkeypatch):
     cfg = load_recipe("grpo_math", {k: v for k, v in SMALL.items() if k.startswith("data.")})
-    monkeypatch.setattr(arith, "lm_loss_sum", lambda model, ids, labels: torch.tensor(float("nan")))
+    monkeypatch.setattr(char_lm, "lm_loss_sum", lambda model, ids, labels: torch.tensor(float("nan")))
     with pytest.raises(DivergedError, match="supervised control's loss became NaN/inf at step 1"):
         supervised_control(cfg, warm_dir, seconds=5.0, batch_size=8)

@@ -15,7 +15,7 @@ from tpu_pipeline.cli import cli
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.rl import algo, dapo
 from tpu_pipeline.rl.recipe import AlgorithmConfig, load_recipe
-from tpu_pipeline.rl.data import Problem
+from tpu_pipeline.train.tasks.rows import Problem
 from tpu_pipeline.rl.engine import Engine
 from tpu_pipeline.rl.rollout import Rollout
 
@@ -30,16 +30,17 @@ def test_recipe_holds_verls_dapo_settings():
     assert a.overlong_buffer.enable and (a.overlong_buffer.len, a.overlong_buffer.penalty_factor) == (4, 1.0)
     assert cfg.trainer.minibatches == 2  # the decoupled clip only acts from the second update of a step on
     g = load_recipe("grpo_math")
-    assert (cfg.policy.warm_start, cfg.data.tasks, cfg.optim.lr) == (g.policy.warm_start, g.data.tasks, g.optim.lr)
+    same = lambda c: (c.policy.warm_start, c.data.source, c.data.options, c.data.difficulty, c.optim.lr)  # noqa: E731
+    assert same(cfg) == same(g)
 
 
 def test_overlong_penalty_is_verls_dapo_reward_manager():
     from verl import DataProto
     from verl.workers.reward_manager.dapo import DAPORewardManager
 
-    from tpu_pipeline.train import arith
+    from tpu_pipeline.train.tasks import char_lm
 
-    tok = arith.build_tokenizer()
+    tok = char_lm.build_tokenizer()
     R, lengths = 16, [3, 12, 13, 14, 16]
     B = len(lengths)
     resp_mask = torch.tensor([[1] * L + [0] * (R - L) for L in lengths])

@@ -101,7 +101,7 @@ def test_rl_cli_steps_json(tmp_path, tiny_policy):
 
 
 def test_run_on_a_verl_parquet_file(tmp_path, tiny_policy):
-    from tpu_pipeline.rl.data import Problem, write_parquet
+    from tpu_pipeline.train.tasks.rows import Problem, write_parquet
 
     probs = [Problem([{"role": "user", "content": f"{i % 10}+{i // 10}="}], str(i % 10 + i // 10), "openai/gsm8k")
              for i in range(40)]

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
 from tpu_pipeline.errors import UserError
-from tpu_pipeline.rl.data import DATASETS, build_source, read_parquet, resolve_data_file
+from tpu_pipeline.rl.data import DATASETS, build_source, resolve_data_file
+from tpu_pipeline.train.tasks.rows import read_parquet
 
 from .chat_models import save_chat_policy
 
@@ -50,7 +51,9 @@ def _sets(ov):
 
 
 def test_shipped_problems_are_verl_gsm8k_rows_the_strict_scorer_grades():
-    from tpu_pipeline.rl.rewards import compute_score
+    from tpu_pipeline.rl.rewards import load_reward
+
+    compute_score = load_reward("verl_default")  # the recipe's reward, by its registered name
 
     rows = pq.read_table(SHIPPED).to_pylist()
     assert len(rows) == 600
@@ -69,7 +72,7 @@ def test_shipped_problems_are_verl_gsm8k_rows_the_strict_scorer_grades():
 
 
 def test_shipped_file_is_what_the_generator_writes():
-    from tpu_pipeline.rl.gsm8k import offline_problems
+    from tpu_pipeline.train.tasks.gsm8k import offline_problems
 
     fresh = offline_problems(12)
     shipped = read_parquet(SHIPPED)[:12]

@@ -39,7 +39,7 @@ def test_composed_config_carries_the_recipe(dry, tiny_policy):
     assert a.actor.loss_agg_mode == "token-mean" and a.actor.clip_ratio_high == 0.28
     assert a.actor.optim.lr == 3e-5 and a.actor.ppo_mini_batch_size == 8
     assert a.model.path == str(tiny_policy.resolve())
-    assert c.reward.custom_reward_function.path == "pkg://tpu_pipeline.rl.rewards"
+    assert c.reward.custom_reward_function.path == "pkg://tpu_pipeline.train.tasks.rewards"
     assert c.reward.custom_reward_function.name == "compute_score"
     assert c.data.train_batch_size == 8 and c.data.max_response_length == 12
     assert c.trainer.total_training_steps == 7
@@ -49,14 +49,14 @@ def test_composed_config_carries_the_recipe(dry, tiny_policy):
 def test_data_is_verl_parquet_and_the_reward_path_resolves(dry):
     from verl.utils.import_utils import load_extern_object
 
-    from tpu_pipeline.rl.data import read_parquet
+    from tpu_pipeline.train.tasks.rows import read_parquet
 
     out, _ = dry
     train = read_parquet(out / "verl" / "train.parquet")
     val = read_parquet(out / "verl" / "val.parquet")
     assert len(train) == 7 * 8 and len(val) == 40
     assert not {p.prompt[0]["content"] for p in train} & {p.prompt[0]["content"] for p in val}
-    fn = load_extern_object("pkg://tpu_pipeline.rl.rewards", "compute_score")
+    fn = load_extern_object("pkg://tpu_pipeline.train.tasks.rewards", "compute_score")
     p = train[0]
     assert fn(p.data_source, f"#### {p.ground_truth}", p.ground_truth) == 1.0
     assert fn(p.data_source, p.ground_truth, p.ground_truth) == 0.0  # strict format

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from tpu_pipeline.train import arith, run
+from tpu_pipeline.train import run
+from tpu_pipeline.train.tasks import arith, char_lm
 from tpu_pipeline.train.manifest import load_model
 
 TINY = {"loop.steps": 6, "loop.log_every": 3, "loop.batch_size": 16, "arith.n_train": 300,
@@ -41,7 +42,7 @@ def test_hf_folder_loads_with_auto_classes_and_matches_model_pt(lm_run):
         assert (out / "hf" / name).is_file(), name
     hf = AutoModelForCausalLM.from_pretrained(out / "hf").eval()
     tok = AutoTokenizer.from_pretrained(out / "hf")
-    assert tok("3+4-2=")["input_ids"] == arith.build_tokenizer()("3+4-2=")["input_ids"]
+    assert tok("3+4-2=")["input_ids"] == char_lm.build_tokenizer()("3+4-2=")["input_ids"]
     assert hf.config.eos_token_id == tok.eos_token_id
     m = torch.load(out / "model.pt", weights_only=True)
     assert m["task"] == "causal-lm" and m["model_class"] == "tpu_pipeline.train.models.causal_lm:LlamaLM"
@@ -69,12 +70,12 @@ def test_optimizer_pt_carries_adamw_moments_in_parameter_order(lm_run):
 
 
 def test_loss_counts_only_target_tokens():
-    from tpu_pipeline.train.arith import IGNORE
-    from tpu_pipeline.train.arith_lm import ArithTask
-    from tpu_pipeline.train.runner import load_recipe
+    from tpu_pipeline.train.runner import get_task, load_recipe
+    from tpu_pipeline.train.tasks.char_lm import IGNORE
 
     _, r = load_recipe("arith_lm", {**TINY, "arith.n_train": 20})
-    task = ArithTask(r, "arith_lm")
+    task = get_task(r, "arith_lm")
+    assert isinstance(task, arith.ArithTask)
     tok = task.tokenizer
     for i, p in enumerate(task.train_problems):
         labels = task.labels[i][task.labels[i] != IGNORE].tolist()

@@ -1,11 +1,11 @@
-"""The arithmetic task API that rl builds on (docs/INTERFACES.md)."""
+"""The arithmetic task API that rl builds on (docs/INTERFACES.md), and the char-level LM it trains."""
 
 from __future__ import annotations
 
 import pytest
 
 from tpu_pipeline.errors import UserError
-from tpu_pipeline.train import arith
+from tpu_pipeline.train.tasks import arith, char_lm
 
 
 def test_problems_are_deterministic_and_in_prompt_form():
@@ -62,14 +62,14 @@ def test_difficulty_is_typed_and_matches_the_train_recipe():
     from tpu_pipeline.train.runner import load_recipe
 
     _, r = load_recipe("arith_lm", {"arith.max_terms": 4, "arith.operators": ["+"]})
-    assert r.arith.difficulty() == arith.Difficulty(max_terms=4, operators=("+",))
+    assert r.settings.difficulty() == arith.Difficulty(max_terms=4, operators=("+",))
     assert arith.Difficulty.from_dict({"operators": ["+", "-"]}) == arith.DEFAULT_DIFFICULTY
 
 
 def test_tokenizer_round_trips_and_target_scores(tmp_path):
     from transformers import AutoTokenizer
 
-    tok = arith.build_tokenizer()
+    tok = char_lm.build_tokenizer()
     p = arith.Problem("3+4-2=", "5", "chain_sum")
     ids, n_prompt = arith.encode_example(tok, p)
     assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id and n_prompt == 7
@@ -85,10 +85,10 @@ def test_tokenizer_round_trips_and_target_scores(tmp_path):
 def test_model_is_a_small_llama():
     import torch
 
-    m = arith.build_model()
+    m = char_lm.build_model()
     assert type(m).__name__ == "LlamaForCausalLM"
     n = sum(p.numel() for p in m.parameters())
     assert 1_000_000 < n < 3_000_000
-    tok = arith.build_tokenizer()
+    tok = char_lm.build_tokenizer()
     logits = m(torch.tensor([tok("1+1=")["input_ids"]])).logits
     assert logits.shape == (1, 5, len(tok))

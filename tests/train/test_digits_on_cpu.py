@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tpu_pipeline.train import run
-from tpu_pipeline.train.digits import load_split
+from tpu_pipeline.train.tasks.digits import load_split
 from tpu_pipeline.train.manifest import FORMAT, load_model
 
 SHORT = {"loop.steps": 60, "loop.log_every": 10, "loop.checkpoint_every": 30, "loop.eval_every": 0}

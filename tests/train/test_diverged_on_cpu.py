@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from tpu_pipeline.cli import cli
 from tpu_pipeline.errors import DivergedError, UserError
 from tpu_pipeline.train import run
-from tpu_pipeline.train.digits import DigitsTask
+from tpu_pipeline.train.tasks.digits import DigitsTask
 
 CFG = {"loop.steps": 20, "loop.log_every": 5, "loop.checkpoint_every": 5, "loop.eval_every": 0,
        "loop.batch_size": 32}

@@ -17,10 +17,10 @@ def test_shipped_recipes_load_and_are_listed():
     names = {r["name"] for r in list_recipes() if r["stage"] == "train"}
     assert {"digits_cnn", "arith_lm"} <= names
     name, r = load_recipe("arith_lm")
-    assert name == "arith_lm" and r.arith is not None and r.digits is None
-    assert (r.arith.min_digits, r.arith.max_digits, r.arith.max_terms) == (1, 1, 3)
+    assert name == "arith_lm" and r.section == "arith" and type(r.settings).__name__ == "ArithConfig"
+    assert (r.settings.min_digits, r.settings.max_digits, r.settings.max_terms) == (1, 1, 3)
     _, d = load_recipe("digits_cnn")
-    assert d.task == "digits_cnn" and d.digits.channels == [16, 32]
+    assert d.task == "digits_cnn" and d.settings.channels == [16, 32]
 
 
 def test_every_recipe_field_has_a_comment():
@@ -38,8 +38,9 @@ def test_every_recipe_field_has_a_comment():
     ({"optim.betas": [0.9]}, "optim.betas must be two numbers"),
     ({"loop.stepz": 3}, "unknown key 'stepz'"),
     ({"digits.dropout": 1.5}, "digits.dropout must be in"),
-    ({"arith.hidden_size": 10}, "section [arith] belongs to task 'arith_lm'"),
-    ({"task": "resnet"}, "'resnet' is not one of"),
+    ({"arith.hidden_size": 10}, "section [arith] belongs to task 'arith_lm', but task is 'digits_cnn'"),
+    ({"digits.chanels": [8]}, "digits: unknown key 'chanels'"),
+    ({"task": "resnet"}, "unknown train task 'resnet'; valid: arith_lm, countdown_lm, digits_cnn"),
 ])
 def test_bad_config_values_are_refused(overrides, msg, tmp_path):
     with pytest.raises(UserError) as e:

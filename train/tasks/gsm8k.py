@@ -1,4 +1,5 @@
-"""GSM8K for real models: the offline problem set `grpo_gsm8k` ships.
+"""GSM8K for real models: the offline problem set `grpo_gsm8k` ships, and the
+`gsm_symbolic` word problems an arith rl recipe may mix in.
 
 The shipped file (`rl/datasets/gsm8k_offline.parquet`) holds grade-school word
 problems from reasoning-gym's `gsm_symbolic` generators (GSM8K questions with
@@ -10,20 +11,24 @@ integer answer, `data_source` "openai/gsm8k", so VeRL's strict gsm8k scorer
 
 Regenerate it (deterministic; a test checks the shipped rows against this):
 
-    python -m tpu_pipeline.rl.gsm8k rl/datasets/gsm8k_offline.parquet
+    python -m tpu_pipeline.train.tasks.gsm8k rl/datasets/gsm8k_offline.parquet
+
+Its rl source is the file itself (rl's ParquetSource, `data.file`) and its
+reward VeRL's scorer for "openai/gsm8k" (`verl_default`); it has no train
+task: the policy is a model the user brings.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 
-from tpu_pipeline.rl.data import Problem, write_parquet
+from tpu_pipeline.train.tasks.rows import Problem, write_parquet
 
 DATA_SOURCE = "openai/gsm8k"
 # VeRL's examples/data_preprocess/gsm8k.py appends this to every question.
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+SYMBOLIC = "gsm_symbolic"  # reasoning-gym's generator of GSM8K-style problems
 OFFLINE_ROWS = 600
 OFFLINE_SEED = 14
 
@@ -36,7 +41,7 @@ def offline_problems(n: int = OFFLINE_ROWS, seed: int = OFFLINE_SEED) -> list[Pr
     # GSM8K's answers are integers: the few generated problems with a fractional answer are
     # skipped, and so are repeated questions (a held-out row must not be a training row).
     # Items depend only on (seed, index), so a longer draw keeps the first rows.
-    ds = reasoning_gym.create_dataset("gsm_symbolic", size=2 * n + 10, seed=seed)
+    ds = reasoning_gym.create_dataset(SYMBOLIC, size=2 * n + 10, seed=seed)
     out, seen = [], set()
     for x in ds:
         if len(out) == n:
@@ -55,6 +60,18 @@ def offline_problems(n: int = OFFLINE_ROWS, seed: int = OFFLINE_SEED) -> list[Pr
             extra_info={"answer": f"{cot.split('####')[0].rstrip()}\n#### {answer}", "question": x["question"],
                         "generator": "reasoning_gym.gsm_symbolic", "generator_seed": seed}))
     return out
+
+
+def symbolic_problems(n: int, seed: int) -> list[Problem]:
+    """`n` gsm_symbolic problems as chat messages, VeRL's instruction appended, answers as given."""
+    # heavy: reasoning_gym imports every task family it ships (~1 s)
+    import reasoning_gym
+
+    if n <= 0:
+        return []
+    ds = reasoning_gym.create_dataset(SYMBOLIC, size=n, seed=seed)
+    return [Problem([{"role": "user", "content": f"{x['question']} {INSTRUCTION}"}], str(x["answer"]), SYMBOLIC)
+            for x in ds]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,15 +6,17 @@ training split are stored inside the model so it takes raw 0..16 pixels.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from tpu_pipeline.errors import UserError
 from tpu_pipeline.train.manifest import write_model
 from tpu_pipeline.train.models.digits_cnn import DigitsCNN
-from tpu_pipeline.train.task import TASKS, Task
+from tpu_pipeline.train.tasks.base import TASKS, Task
 
 CALIBRATION_ROWS = 64  # training images shipped in model.pt for int8 calibration
 
@@ -33,16 +35,43 @@ def load_split(test_fraction: float, split_seed: int):
     return x[i_tr], y[i_tr], x[i_te], y[i_te]
 
 
+@dataclasses.dataclass(kw_only=True)
+class DigitsConfig:
+    """The `[digits]` table of a digits_cnn recipe."""
+
+    test_fraction: float = 0.2       # held-out share of sklearn's 1,797 digits
+    split_seed: int = 0              # fixed train/test split (independent of the run seed)
+    channels: list[int] = dataclasses.field(default_factory=lambda: [16, 32])  # conv widths
+    hidden: int = 64                 # width of the hidden dense layer
+    dropout: float = 0.1             # dropout before the classifier
+
+    def check(self, section: str) -> None:
+        if not 0 < self.test_fraction < 1:
+            raise UserError(f"{section}.test_fraction must be in (0, 1), got {self.test_fraction}")
+        if not self.channels or any(c < 1 for c in self.channels) or len(self.channels) > 3:
+            raise UserError(f"{section}.channels must be 1-3 positive widths (8x8 input halves per conv), "
+                            f"got {self.channels}")
+        if self.hidden < 1:
+            raise UserError(f"{section}.hidden must be >= 1, got {self.hidden}")
+        if not 0 <= self.dropout < 1:
+            raise UserError(f"{section}.dropout must be in [0, 1), got {self.dropout}")
+
+
 @TASKS.register("digits_cnn")
 class DigitsTask(Task):
-    def __init__(self, recipe, recipe_name):
-        super().__init__(recipe, recipe_name)
-        c = recipe.digits
+    """Small CNN on scikit-learn's 8x8 digits; the exported model takes raw 0..16 pixels."""
+
+    section = "digits"
+    Config = DigitsConfig
+
+    def __init__(self, config, *, seed: int, recipe_name: str):
+        super().__init__(config, seed=seed, recipe_name=recipe_name)
+        c = config
         self.x, self.y, self.x_test, self.y_test = load_split(c.test_fraction, c.split_seed)
         self.num_train = len(self.y)
 
     def model_kwargs(self) -> dict:
-        c = self.recipe.digits
+        c = self.config
         return {"channels": list(c.channels), "hidden": c.hidden, "dropout": c.dropout}
 
     def build_model(self):
