@@ -15,12 +15,11 @@ from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
 from tpu_pipeline.convert import checks, load_profiles
-from tpu_pipeline.convert.lm_kind import CausalLMKind
-from tpu_pipeline.convert.module_kind import ModuleKind
+from tpu_pipeline.convert.lm.kind import CausalLMKind
+from tpu_pipeline.convert.module.kind import ModuleKind
 from tpu_pipeline.convert.pipeline import model_kind
 from tpu_pipeline.convert.tflite_info import inspect_model
-
-from .helpers import manifest, tiny_cnn_tflite
+from tpu_pipeline.testing.model_files import manifest, tiny_cnn_tflite
 
 
 def run(*args):
@@ -30,7 +29,7 @@ def run(*args):
 def _tiny_lm_folder(path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tpu_pipeline.train.arith import build_tokenizer
+    from tpu_pipeline.train.tasks.char_lm import build_tokenizer
 
     tok = build_tokenizer()
     torch.manual_seed(0)

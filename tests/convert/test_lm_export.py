@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from tpu_pipeline.convert.lm_export import KVCacheLM, generation_parity, lm_shape, write_decode_ready
-from tpu_pipeline.convert.lm_runtime import LiteRTLanguageModel
+from tpu_pipeline.convert.lm.decode_ready import KVCacheLM, generation_parity, lm_shape, write_decode_ready
+from tpu_pipeline.convert.lm.decode_ready_runtime import LiteRTLanguageModel
 from tpu_pipeline.errors import UserError
 
 
 def _tiny_llama(kv_heads=2, seed=0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tpu_pipeline.train.arith import build_tokenizer
+    from tpu_pipeline.train.tasks.char_lm import build_tokenizer
 
     tok = build_tokenizer()
     torch.manual_seed(seed)
@@ -63,7 +63,7 @@ def _tiny_sliding(family: str, window: int = 4, seed: int = 0):
     `window` shorter than the test sequences, so the window changes the logits."""
     from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from tpu_pipeline.train.arith import build_tokenizer
+    from tpu_pipeline.train.tasks.char_lm import build_tokenizer
 
     tok = build_tokenizer()
     common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -133,7 +133,7 @@ def test_attention_converts_exactly_for_one_two_and_all_kv_heads():
     and converts exactly for 1, 2 and all kv heads."""
     import litert_torch
 
-    from tpu_pipeline.convert.lm_export import _grouped_attention
+    from tpu_pipeline.convert.lm.decode_ready import _grouped_attention
 
     heads, t, m, d = 4, 8, 24, 16
 
