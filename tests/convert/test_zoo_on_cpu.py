@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from torch import nn
 
 from tpu_pipeline.cli import cli
-from tpu_pipeline.testing import zoo
+
+from . import zoo
 
 CONVERTED = ("resnet", "vit", "bert")
 # the profiles' own cosine bounds are 0.99999 (desktop) and 0.999 (android); these
