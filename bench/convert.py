@@ -27,8 +27,8 @@ import torch
 
 import tpu_pipeline.convert as convert_pkg
 from tpu_pipeline.convert import convert
-from tpu_pipeline.convert import reference_models as R
-from tpu_pipeline.convert.export import quiet_native
+from tpu_pipeline.convert.tool_output import quiet_native
+from tpu_pipeline.testing import reference_models as R
 
 MODELS = {  # family -> (class, kwargs)
     "depthwise_cnn": ("DepthwiseCNN", {"in_channels": 3, "size": 64, "width": 32, "blocks": 4, "classes": 100}),
@@ -42,7 +42,7 @@ MODELS = {  # family -> (class, kwargs)
 def manifest(cls: str, kwargs: dict, path: Path, task: str) -> Path:
     torch.manual_seed(0)
     m = getattr(R, cls)(**kwargs).eval()
-    torch.save({"format": "tpu-pipeline/model@1", "model_class": f"tpu_pipeline.convert.reference_models:{cls}",
+    torch.save({"format": "tpu-pipeline/model@1", "model_class": f"tpu_pipeline.testing.reference_models:{cls}",
                 "model_kwargs": kwargs, "state_dict": m.state_dict(), "example_inputs": list(m.example_inputs()),
                 "input_names": ["x"], "output_names": ["logits"], "task": task, "recipe": "bench", "metrics": {}}, path)
     return path

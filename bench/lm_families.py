@@ -1,6 +1,6 @@
 """Every LM family through the .litertlm path: export, LiteRT-LM parity, size, speed.
 
-For each tiny random family of tests/convert/lm_zoo.py (with 1, 2 and all
+For each tiny random family of tpu_pipeline.testing.lm_zoo (tests/support/lm_zoo.py) (with 1, 2 and all
 key/value heads where the family has the choice), writes the float32 bundle
 with litert-torch's export_hf (child process, no TensorFlow), derives the
 dynamic_int8 variant, runs greedy generations through litert_lm against
@@ -26,12 +26,11 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from tpu_pipeline.convert import litertlm
-from tpu_pipeline.convert.lm_export import eos_token_ids, load_hf_causal_lm
+from tpu_pipeline.convert.lm import litertlm
+from tpu_pipeline.convert.lm.decode_ready import eos_token_ids, load_hf_causal_lm
 from tpu_pipeline.convert.measure import median_ms
 from tpu_pipeline.errors import PipelineError
-
-import builders  # bench/builders.py: sys.path[0] is bench/ when a script runs
+from tpu_pipeline.testing import lm_zoo
 
 CACHE, PREFILL, NEW_TOKENS = 64, 16, 16
 # family:kv_heads ("-": the family's own attention layout); grpo_policy: the default grpo_math
@@ -58,12 +57,12 @@ def torch_speed(model, prompt_ids: list[int], n: int) -> dict:
             "decode_tokens_per_s": (n - 1) / max(1e-9, gen_ms - prefill_ms) * 1000}
 
 
-def run_case(zoo, family: str, kv: str, work: Path) -> dict:
+def run_case(family: str, kv: str, work: Path) -> dict:
     row: dict = {"family": family, "kv_heads": kv}
     if family == "grpo_policy":
-        folder = zoo.save_grpo_policy_shape(work / "hf")
+        folder = lm_zoo.save_grpo_policy_shape(work / "hf")
     else:
-        folder = zoo.save_family(family, work / "hf", kv_heads=None if kv == "-" else int(kv))
+        folder = lm_zoo.save_family(family, work / "hf", kv_heads=None if kv == "-" else int(kv))
     model = load_hf_causal_lm(folder)
     row["params"] = sum(p.numel() for p in model.parameters())
     try:
@@ -81,7 +80,7 @@ def run_case(zoo, family: str, kv: str, work: Path) -> dict:
     for precision in ("float32", "dynamic_int8"):
         b = litertlm.bundle_variant(bundle, precision)
         (work / precision).mkdir()
-        par = litertlm.bundle_parity(model, tok, b, list(zoo.PROMPTS), max_new_tokens=NEW_TOKENS, cache_length=CACHE,
+        par = litertlm.bundle_parity(model, tok, b, list(lm_zoo.PROMPTS), max_new_tokens=NEW_TOKENS, cache_length=CACHE,
                                      eos_ids=eos, pad_id=0, work=work / precision)
         row[precision] = {"size_bytes": len(b), **{k: par[k] for k in (
             "generation_agreement", "near_ties", "agreement_with_near_ties", "first_generation_divergence",
@@ -89,8 +88,8 @@ def run_case(zoo, family: str, kv: str, work: Path) -> dict:
     # Speed on the prompt the model continues longest (random weights often stop at EOS early;
     # litert_lm cannot be told to go on past it), the same token count on both sides.
     with litertlm.BundleRunner(work / "float32" / litertlm.BUNDLE_FILE, max_num_tokens=CACHE) as r:
-        lengths = {p: len(r.generate_pieces(p, NEW_TOKENS)) for p in zoo.PROMPTS}
-        prompt = max(zoo.PROMPTS, key=lambda p: lengths[p])
+        lengths = {p: len(r.generate_pieces(p, NEW_TOKENS)) for p in lm_zoo.PROMPTS}
+        prompt = max(lm_zoo.PROMPTS, key=lambda p: lengths[p])
         prompt_ids = r.prompt_ids(prompt)
     row["litert_lm_speed"] = litertlm.latency(bundle, prompt, NEW_TOKENS, work / "speed", max_num_tokens=CACHE,
                                               threads=1)
@@ -126,13 +125,12 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES), help="family:kv_heads,... (kv '-' for the family default)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    zoo = builders.load("lm_zoo")
     rows = []
     for case in args.cases.split(","):
         family, kv = case.split(":")
         with tempfile.TemporaryDirectory(prefix=f"lmf-{family}-") as tmp:
             t0 = time.perf_counter()
-            row = run_case(zoo, family, kv, Path(tmp))
+            row = run_case(family, kv, Path(tmp))
             row["wall_s"] = time.perf_counter() - t0
         rows.append(row)
         print(json.dumps(row), flush=True)

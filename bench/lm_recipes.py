@@ -1,7 +1,7 @@
 """LM quantization recipes side by side, through `convert` itself (issue 12 item 4).
 
 One `convert` of a Hugging Face causal LM with a profile whose `lm_precisions`
-lists every LM recipe (convert/lm_recipes.py): the report's candidates give,
+lists every LM recipe (convert/lm/quant_recipes.py): the report's candidates give,
 per recipe, bundle size, greedy agreement with transformers through litert_lm
 (near-tie rule), held-out perplexity change vs PyTorch float32, decode-ready
 parity on ai-edge-litert, ms per token, and why the winner won. Every recipe
@@ -10,7 +10,7 @@ progress messages are timed, so the cost of each extra candidate (quantize +
 parity + perplexity + latency) is measured too: what a profile's list adds
 to convert's wall time.
 
-Default model: the default grpo_math policy architecture (tests/convert/lm_zoo.py,
+Default model: the default grpo_math policy architecture (tpu_pipeline.testing.lm_zoo,
 random weights unless --hf names a trained policy folder such as
 runs/demo/grpo_math/policy). Writes OUT/lm_recipes.json and OUT/lm_recipes.md.
 
@@ -30,10 +30,9 @@ import time
 from pathlib import Path
 
 from tpu_pipeline.convert import convert
-from tpu_pipeline.convert.lm_recipes import LM_PRECISIONS
+from tpu_pipeline.convert.lm.quant_recipes import LM_PRECISIONS
 from tpu_pipeline.convert.targets import profile_dir
-
-import builders  # bench/builders.py: sys.path[0] is bench/ when a script runs
+from tpu_pipeline.testing import lm_zoo
 
 CACHE, PREFILL = 64, 16
 TARGET = "android"  # the profile whose list is replaced by every recipe (float16's elementwise logit bounds)
@@ -94,7 +93,6 @@ def main() -> None:
                          "profiles' lm_precisions, and compare wall times")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    zoo = builders.load("lm_zoo")
     log: list[tuple[float, str]] = []
 
     def say(msg: str) -> None:
@@ -103,9 +101,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="lm-recipes-") as tmp:
         work = Path(tmp)
-        folder = args.hf or zoo.save_grpo_policy_shape(work / "hf")
+        folder = args.hf or lm_zoo.save_grpo_policy_shape(work / "hf")
         prompts = work / "prompts.txt"
-        prompts.write_text("\n".join(zoo.PROMPTS) + "\n")
+        prompts.write_text("\n".join(lm_zoo.PROMPTS) + "\n")
         if args.defaults:
             return compare_defaults(folder, prompts, work, args.out)
         t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """The real-architecture zoo through `tpu-pipeline convert --targets all`.
 
-Each member of tests/convert/zoo.py (transformers configs, trained-like
+Each member of tpu_pipeline.testing.zoo (tests/support/zoo.py: transformers configs, trained-like
 random weights, nothing downloaded) is saved as a torch.export archive of
 the tensor-returning wrapper a user writes, converted by the CLI exactly as
 a user runs it (one child process per model), and converted once more by a
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import builders  # bench/builders.py: sys.path[0] is bench/ when a script runs
+from tpu_pipeline.testing import zoo
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = ("android", "ios", "desktop", "web", "iot")
@@ -84,7 +84,6 @@ def target_row(t: dict) -> dict:
 
 def bare_child(name: str, size: str, path: Path) -> None:
     """Child process: one bare litert_torch export, then its float artifact on ai-edge-litert vs PyTorch."""
-    zoo = builders.load("zoo")
     built = zoo.build(name, size)
     res = {"ok": False}
     t = time.perf_counter()
@@ -139,7 +138,7 @@ def measured_tree() -> dict:
             "convert_dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "."))}
 
 
-def one(zoo, name: str, size: str, out: Path, a) -> dict:
+def one(name: str, size: str, out: Path, a) -> dict:
     d = out / name
     d.mkdir(parents=True, exist_ok=True)
     built = zoo.build(name, size)
@@ -243,7 +242,6 @@ def main() -> None:
         return bare_child(a.bare_child, a.size, Path(a.out))
     if a.render:
         return print(markdown(json.loads(Path(a.render).read_text())), end="")
-    zoo = builders.load("zoo")
     names = a.models.split(",") if a.models else zoo.names()
     unknown = [n for n in names if n not in zoo.MEMBERS]
     if unknown:
@@ -258,7 +256,7 @@ def main() -> None:
     for name in names:
         t = time.perf_counter()
         try:
-            r = one(zoo, name, a.size, out, a)
+            r = one(name, a.size, out, a)
         except Exception as e:  # noqa: BLE001 - a builder failing is a row, not the end of the run
             r = {"model": name, "size": a.size, "params": 0, "error": f"{type(e).__name__}: {e}"}
         r["total_s"] = time.perf_counter() - t

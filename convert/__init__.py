@@ -7,6 +7,10 @@ each checked on that target's runtime. Public API:
         -> ConvertResult (per target: TargetResult)
     load_model, load_profiles, compare, judge, localize
     ModelKind (a new kind of model: see kinds.py), TargetResult
+
+Layout: the steps every model kind shares sit here (pipeline.py composes them);
+module/ and lm/ are the two model kinds, iot/ the iot target's pieces. The three
+never import each other (pyproject's import-linter contracts).
 """
 
 import importlib
@@ -17,14 +21,14 @@ if __name__ != "tpu_pipeline.convert":
     raise ImportError("import tpu_pipeline.convert, not a top-level 'convert'")
 
 _EXPORTS = {
-    "convert": "pipeline", "ConvertOptions": "options", "load_model": "loaders", "load_profiles": "targets",
+    "convert": "pipeline", "ConvertOptions": "options", "load_model": "module.loaders", "load_profiles": "targets",
     "TargetProfile": "targets", "compare": "parity", "judge": "parity", "localize": "parity",
     "ModelKind": "kinds", "TargetResult": "result", "ConvertResult": "result",
 }
 
 
 def __getattr__(name):
-    # start-up: lazy, so `tpu-pipeline generate` (lm_runtime, no torch) and --help stay fast
+    # start-up: lazy, so `tpu-pipeline generate` (lm/decode_ready_runtime.py, lm/litertlm_runtime.py: no torch) and --help stay fast
     if name in _EXPORTS:
         return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
     raise AttributeError(name)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from tpu_pipeline.convert.export import quiet_native
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo, arena_estimate, module_path, op_module
+from tpu_pipeline.convert.tool_output import quiet_native
 
 try:
     from ai_edge_litert import _pywrap_analyzer_wrapper as analyzer

@@ -7,8 +7,8 @@ write the artifact, model.json and the report. A kind supplies the pieces in
 between: how to load the model and export it once in float32, how a variant
 is made, which parity metric proves the artifact, what model.json says.
 
-Kinds today: `module` (module_kind.py: any nn.Module with fixed-shape tensor
-inputs, judged output by output) and `causal-lm` (lm_kind.py: a Hugging Face
+Kinds today: `module` (module/kind.py: any nn.Module with fixed-shape tensor
+inputs, judged output by output) and `causal-lm` (lm/kind.py: a Hugging Face
 causal-LM folder, exported decode-ready, judged by greedy token agreement).
 A new kind is one module with a ModelKind subclass, listed in
 pipeline.MODEL_KINDS.

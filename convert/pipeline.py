@@ -27,11 +27,11 @@ import torch
 
 from tpu_pipeline import files
 from tpu_pipeline.convert import checks
-from tpu_pipeline.convert.firmware import measure_arena, suggested_arena, write_c_array
+from tpu_pipeline.convert.iot.firmware import measure_arena, suggested_arena, write_c_array
 from tpu_pipeline.convert.kinds import ModelKind, Progress
-from tpu_pipeline.convert.lm_kind import CausalLMKind
-from tpu_pipeline.convert.loaders import load_object
-from tpu_pipeline.convert.module_kind import ModuleKind
+from tpu_pipeline.convert.lm.kind import CausalLMKind
+from tpu_pipeline.convert.module.kind import ModuleKind
+from tpu_pipeline.convert.module.loaders import load_object
 from tpu_pipeline.convert.options import FLAGS, ConvertOptions
 from tpu_pipeline.convert.report import render_html
 from tpu_pipeline.convert.result import Artifact, ConvertResult, Parity, TargetResult

@@ -4,7 +4,7 @@ float32 is the artifact itself; float16 casts weights; dynamic_int8 stores
 int8 weights and computes in float; static_int8 quantizes weights and
 activations from calibration inputs and gives int8 model inputs/outputs
 (token-id inputs stay int32), with embedding lookups as int8 GATHER
-(iot_embedding.py) and every weight inside the flatbuffer (iot_buffers.py).
+and every weight inside the flatbuffer (both in tflite_rewrites.py).
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from typing import Sequence
 import numpy as np
 from ai_edge_quantizer import quantizer, recipe
 
-from tpu_pipeline.convert.export import quiet_native
-from tpu_pipeline.convert.iot_buffers import inline_buffers
-from tpu_pipeline.convert.iot_embedding import lookups_as_gather
-from tpu_pipeline.convert.loaders import first_line
+from tpu_pipeline.convert.tflite_rewrites import inline_buffers, lookups_as_gather
+from tpu_pipeline.convert.tool_output import first_line, quiet_native
 from tpu_pipeline.errors import ConversionError
 
 RECIPES = {"dynamic_int8": "dynamic_wi8_afp32", "static_int8": "static_wi8_ai8"}

@@ -72,7 +72,7 @@ class LitertRunner:
 
 def run_micro(model: bytes, info: ModelInfo, samples: list[Sample], arena_bytes: int) -> list[list[np.ndarray]]:
     """All samples through TFLM in one child process; a crash becomes a ConversionError."""
-    worker = Path(__file__).with_name("_micro_worker.py")
+    worker = Path(__file__).parent / "iot" / "_micro_worker.py"  # by file: the child needs none of tpu_pipeline
     with tempfile.TemporaryDirectory(prefix="tpu-pipeline-tflm-") as d:
         d = Path(d)
         (d / "model.tflite").write_bytes(model)

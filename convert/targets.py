@@ -18,7 +18,7 @@ from tpu_pipeline.registry import Registry
 
 TARGET_ORDER = ("android", "ios", "desktop", "web", "iot")
 Precision = Literal["float32", "float16", "dynamic_int8", "static_int8"]
-# LM recipes (convert/lm_recipes.py): ai-edge-quantizer recipes applied to an LM's float32 export
+# LM recipes (convert/lm/quant_recipes.py): ai-edge-quantizer recipes applied to an LM's float32 export
 LMPrecision = Literal["float32", "float16", "dynamic_int8", "weight_only_int8", "weight_only_int4",
                       "dynamic_int4_block32"]
 

@@ -12,10 +12,9 @@ import torch
 
 import tpu_pipeline.convert as tc
 from tpu_pipeline.convert import ConvertResult, TargetResult
-from tpu_pipeline.convert.reference_models import DepthwiseCNN
 from tpu_pipeline.errors import ParityError, UserError
-
-from .models import PlantedMismatchCNN
+from tpu_pipeline.testing.convert_models import PlantedMismatchCNN
+from tpu_pipeline.testing.reference_models import DepthwiseCNN
 
 pytestmark = pytest.mark.slow
 

@@ -9,12 +9,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from tpu_pipeline.convert.firmware import measure_arena, suggested_arena, write_c_array
+from tpu_pipeline.convert.iot.firmware import measure_arena, suggested_arena, write_c_array
 from tpu_pipeline.convert.snippets import render, render_lm, write_snippet
 from tpu_pipeline.errors import ConversionError
 from tpu_pipeline.files import sha256_file
-
-from .helpers import tiny_cnn_tflite
+from tpu_pipeline.testing.model_files import tiny_cnn_tflite
 
 
 @pytest.fixture(scope="module")

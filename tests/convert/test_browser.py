@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs
-
-from .helpers import tiny_cnn_tflite
+from tpu_pipeline.testing.model_files import tiny_cnn_tflite
 
 pytestmark = pytest.mark.skipif(browser_unavailable() is not None, reason=f"browser runtime: {browser_unavailable()}")
 
@@ -51,8 +50,8 @@ def test_browser_generates_like_the_python_client(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tpu_pipeline.convert.browser import generate_litertjs
-    from tpu_pipeline.convert.lm_export import write_decode_ready
-    from tpu_pipeline.convert.lm_runtime import LiteRTLanguageModel
+    from tpu_pipeline.convert.lm.decode_ready import write_decode_ready
+    from tpu_pipeline.convert.lm.decode_ready_runtime import LiteRTLanguageModel
     from tpu_pipeline.train.tasks.char_lm import build_tokenizer
 
     tok = build_tokenizer()

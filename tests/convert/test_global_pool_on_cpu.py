@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import tpu_pipeline.convert as tc
-from tpu_pipeline.convert.global_pool import as_mean
+from tpu_pipeline.convert.module.global_pool import as_mean
 
 
 class PooledHead(nn.Module):

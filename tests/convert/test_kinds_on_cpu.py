@@ -15,12 +15,11 @@ from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
 from tpu_pipeline.convert import checks, load_profiles
-from tpu_pipeline.convert.lm_kind import CausalLMKind
-from tpu_pipeline.convert.module_kind import ModuleKind
+from tpu_pipeline.convert.lm.kind import CausalLMKind
+from tpu_pipeline.convert.module.kind import ModuleKind
 from tpu_pipeline.convert.pipeline import model_kind
 from tpu_pipeline.convert.tflite_info import inspect_model
-
-from .helpers import manifest, tiny_cnn_tflite
+from tpu_pipeline.testing.model_files import manifest, tiny_cnn_tflite
 
 
 def run(*args):

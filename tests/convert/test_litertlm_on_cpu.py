@@ -11,11 +11,10 @@ import types
 import pytest
 from tokenizers import Tokenizer
 
-from tpu_pipeline.convert import litertlm
-from tpu_pipeline.convert.lm_export import eos_token_ids, load_hf_causal_lm
+from tpu_pipeline.convert.lm import litertlm
+from tpu_pipeline.convert.lm.decode_ready import eos_token_ids, load_hf_causal_lm
 from tpu_pipeline.errors import UserError
-
-from .lm_zoo import PROMPTS, save_family
+from tpu_pipeline.testing.lm_zoo import PROMPTS, save_family
 
 CACHE = 64
 NEW_TOKENS = 16
@@ -258,7 +257,7 @@ def test_lm_recipe_verdict_bounds_perplexity_either_way(tmp_path):
     import dataclasses
     import hashlib
 
-    from tpu_pipeline.convert.lm_kind import CausalLMKind
+    from tpu_pipeline.convert.lm.kind import CausalLMKind
     from tpu_pipeline.convert.result import Artifact
     from tpu_pipeline.convert.targets import load_profiles
 
@@ -282,7 +281,7 @@ def test_profiles_accept_exactly_the_lm_recipes_convert_can_make():
     # targets.py types lm_precisions without importing ai-edge-quantizer; the two lists must not drift
     from typing import get_args
 
-    from tpu_pipeline.convert.lm_recipes import LM_PRECISIONS
+    from tpu_pipeline.convert.lm.quant_recipes import LM_PRECISIONS
     from tpu_pipeline.convert.targets import LMPrecision
 
     assert set(get_args(LMPrecision)) == set(LM_PRECISIONS)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from tpu_pipeline.convert.lm_export import KVCacheLM, generation_parity, lm_shape, write_decode_ready
-from tpu_pipeline.convert.lm_runtime import LiteRTLanguageModel
+from tpu_pipeline.convert.lm.decode_ready import KVCacheLM, generation_parity, lm_shape, write_decode_ready
+from tpu_pipeline.convert.lm.decode_ready_runtime import LiteRTLanguageModel
 from tpu_pipeline.errors import UserError
 
 
@@ -133,7 +133,7 @@ def test_attention_converts_exactly_for_one_two_and_all_kv_heads():
     and converts exactly for 1, 2 and all kv heads."""
     import litert_torch
 
-    from tpu_pipeline.convert.lm_export import _grouped_attention
+    from tpu_pipeline.convert.lm.decode_ready import _grouped_attention
 
     heads, t, m, d = 4, 8, 24, 16
 

@@ -24,10 +24,9 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from tpu_pipeline.convert import litertlm
-from tpu_pipeline.convert.lm_export import eos_token_ids, load_hf_causal_lm
-
-from .lm_zoo import PROMPTS, save_family
+from tpu_pipeline.convert.lm import litertlm
+from tpu_pipeline.convert.lm.decode_ready import eos_token_ids, load_hf_causal_lm
+from tpu_pipeline.testing.lm_zoo import PROMPTS, save_family
 
 CACHE, PREFILL, NEW_TOKENS = 32, 16, 12
 WINDOW = 8  # lm_zoo's sliding_window: shorter than prompt + generated tokens, so it matters
@@ -48,7 +47,7 @@ CASES = [
 # that fails leaves its traceback in the log and no bundle, and the next one still runs.
 _BATCH = f"""
 import sys, traceback
-from tpu_pipeline.convert import _litertlm_worker as worker
+from tpu_pipeline.convert.lm import _litertlm_worker as worker
 for hf, out in zip(sys.argv[1::2], sys.argv[2::2]):
     print("=== export", hf, flush=True)
     try:

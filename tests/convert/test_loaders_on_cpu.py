@@ -11,13 +11,12 @@ from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
 from tpu_pipeline.convert import load_model, load_profiles
-from tpu_pipeline.convert import reference_models as R
-from tpu_pipeline.convert.loaders import parse_input_shape
+from tpu_pipeline.convert.module.loaders import parse_input_shape
 from tpu_pipeline.convert.targets import resolve_targets
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.errors import ConversionError, UserError
-
-from .helpers import RM, Touch, hf_llama, manifest
+from tpu_pipeline.testing import reference_models as R
+from tpu_pipeline.testing.model_files import RM, Touch, hf_llama, manifest
 
 
 def test_manifest_needs_no_flags(tmp_path):
@@ -177,7 +176,7 @@ def test_every_profile_field_is_commented():
 def test_manifest_calibration_inputs_feed_calibration_and_held_out_parity(tmp_path):
     import numpy as np
 
-    from tpu_pipeline.convert.module_kind import _parity_samples, _rows
+    from tpu_pipeline.convert.module.kind import _parity_samples, _rows
 
     p = manifest("DepthwiseCNN", tmp_path / "model.pt")
     obj = torch.load(p, weights_only=True)

@@ -13,12 +13,11 @@ import sys
 import pytest
 import torch
 
-import tpu_pipeline.convert.module_kind as module_kind
 import tpu_pipeline.convert as tc
-from tpu_pipeline.convert.loaders import load_model
-from tpu_pipeline.convert.reference_models import DepthwiseCNN
-
-from . import zoo
+import tpu_pipeline.convert.module.kind as module_kind
+from tpu_pipeline.convert.module.loaders import load_model
+from tpu_pipeline.testing import zoo
+from tpu_pipeline.testing.reference_models import DepthwiseCNN
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +60,7 @@ def test_hf_model_output_archive_loads_and_converts(tmp_path):
     built = zoo.build("resnet")
     path = zoo.save_raw_hf_pt2(built, tmp_path / "resnet.pt2")
     # a fresh interpreter, as the CLI starts: nothing has imported transformers' output classes
-    code = ("import sys; from tpu_pipeline.convert.loaders import load_model; "
+    code = ("import sys; from tpu_pipeline.convert.module.loaders import load_model; "
             "m = load_model(sys.argv[1]); print(m.source_format, len(m.output_names))")
     fresh = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
     assert fresh.returncode == 0 and fresh.stdout.strip().endswith("torch.export archive 1"), fresh.stderr[-2000:]

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tpu_pipeline.convert import compare, judge, load_profiles
-from tpu_pipeline.convert.loaders import load_object
-from tpu_pipeline.convert.module_kind import ModuleKind
+from tpu_pipeline.convert.module.kind import ModuleKind
+from tpu_pipeline.convert.module.loaders import load_object
 from tpu_pipeline.convert.options import ConvertOptions
 from tpu_pipeline.convert.parity import verdict
 

@@ -12,10 +12,9 @@ from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
 from tpu_pipeline.convert import compare, judge, load_profiles
-
-from .helpers import hf_llama, manifest
-from .models import MODULE as TEST_MODELS
-from .models import Unconvertible
+from tpu_pipeline.testing.convert_models import MODULE as TEST_MODELS
+from tpu_pipeline.testing.convert_models import Unconvertible
+from tpu_pipeline.testing.model_files import hf_llama, manifest
 
 pytestmark = pytest.mark.slow
 
@@ -158,7 +157,7 @@ def test_int64_encoder_desktop_ok_iot_fails_op_resolver(tmp_path):
 def test_hf_folder_and_export_archive(tmp_path):
     import torch
 
-    from tpu_pipeline.convert.reference_models import DepthwiseCNN
+    from tpu_pipeline.testing.reference_models import DepthwiseCNN
 
     r = run(hf_llama(tmp_path / "hf"), "--targets", "desktop", "--out", tmp_path / "d1", "--samples", 3, "--no-latency")
     assert r.exit_code == 0, r.output

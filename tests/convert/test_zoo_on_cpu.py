@@ -14,8 +14,7 @@ from click.testing import CliRunner
 from torch import nn
 
 from tpu_pipeline.cli import cli
-
-from . import zoo
+from tpu_pipeline.testing import zoo
 
 CONVERTED = ("resnet", "vit", "bert")
 # the profiles' own cosine bounds are 0.99999 (desktop) and 0.999 (android); these

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import click
 
-from tpu_pipeline.convert import litertlm_runtime
-from tpu_pipeline.convert.lm_runtime import META_FILE, LiteRTLanguageModel, resolve_artifact_dir
+from tpu_pipeline.convert.lm import litertlm_runtime
+from tpu_pipeline.convert.lm.decode_ready_runtime import META_FILE, LiteRTLanguageModel, resolve_artifact_dir
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.cli.commands import register
 

@@ -14,8 +14,8 @@ Two sizes per member: "tiny" for make test (seconds to convert), "bench"
 for bench/zoo.py (real depth, reduced width or resolution; each converts in
 about a minute on 2 cores).
 
-Used by tests/convert/test_zoo_on_cpu.py and bench/zoo.py (which loads this
-file by path), so it imports nothing from the tests package.
+Used by tests/convert/test_zoo_on_cpu.py, test_localize_on_cpu.py and bench/zoo.py
+(`from tpu_pipeline.testing import zoo`).
 """
 
 from __future__ import annotations

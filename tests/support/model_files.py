@@ -6,15 +6,14 @@ from pathlib import Path
 
 import torch
 
-from tpu_pipeline.convert import reference_models as R
+from tpu_pipeline.testing import convert_models as test_models
+from tpu_pipeline.testing import reference_models as R
 
-from . import models as test_models
-
-RM = "tpu_pipeline.convert.reference_models"
+RM = "tpu_pipeline.testing.reference_models"
 
 
 def manifest(cls, path: Path, *, task="classification", dtype=None, **kwargs) -> Path:
-    """A model.pt manifest of reference model `cls`, or of a test model (tests/convert/models.py),
+    """A model.pt manifest of reference model `cls`, or of a test model (convert_models.py),
     which convert then needs `--model-class` for: it imports nothing outside tpu_pipeline unasked."""
     torch.manual_seed(0)
     module = RM if hasattr(R, cls) else test_models.MODULE

@@ -4,7 +4,7 @@ beside greedy token agreement (issue 12 item 4).
 A recipe is an ai-edge-quantizer recipe applied to the one float32 export
 (the bundle's .tflite and, for the Llama family, the decode-ready .tflite);
 nothing is exported again. Profiles list them in `lm_precisions`, preferred
-first; lm_kind.py measures each and the pipeline ships the first that passes
+first; lm/kind.py measures each and the pipeline ships the first that passes
 (greedy agreement on litert_lm, the perplexity bound, the target's checks)
 unless a later one is clearly faster.
 
@@ -29,9 +29,8 @@ import numpy as np
 import torch
 from ai_edge_quantizer import quantizer, recipe
 
-from tpu_pipeline.convert.export import quiet_native
-from tpu_pipeline.convert.loaders import first_line
 from tpu_pipeline.convert.quantize import quantize
+from tpu_pipeline.convert.tool_output import first_line, quiet_native
 from tpu_pipeline.errors import ConversionError
 
 # name -> ai-edge-quantizer recipe, for the recipes quantize.py does not make (float16 and

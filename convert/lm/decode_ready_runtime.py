@@ -1,6 +1,6 @@
 """Greedy generation with a decode-ready LiteRT LM: ai-edge-litert, the
 tokenizers library and numpy only, no PyTorch. This is the reference client
-for artifacts written by `lm_export` (see `tpu-pipeline generate`)."""
+for artifacts written by `decode_ready.py` (see `tpu-pipeline generate`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 from tokenizers import Tokenizer
 
-from tpu_pipeline.convert.litertlm_runtime import BUNDLE_FILE
+from tpu_pipeline.convert.lm.litertlm_runtime import BUNDLE_FILE
 from tpu_pipeline.errors import UserError
 
 META_FILE = "lm.json"

@@ -1,8 +1,8 @@
 """Tiny random Hugging Face causal LMs, one per family, saved as HF folders with
 the project's offline character tokenizer (train/arith.py). Nothing downloaded.
 
-Used by tests/convert/test_litertlm_on_cpu.py, tests/convert/test_lm_families_on_cpu.py
-and bench/lm_families.py (which loads this file by path). initializer_range 0.2 (HF's default is 0.02) gives
+Used by tests/convert/test_litertlm_on_cpu.py, tests/convert/test_lm_families_on_cpu.py,
+bench/lm_families.py and bench/lm_recipes.py (`from tpu_pipeline.testing import lm_zoo`). initializer_range 0.2 (HF's default is 0.02) gives
 random weights decisive logits, so greedy text is not a chain of near-ties.
 """
 

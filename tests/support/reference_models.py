@@ -1,9 +1,9 @@
 """Small reference models for trying `convert` without the train stage: the
 benchmark (bench/convert.py, docs/BENCHMARKS.md) and the tests build them,
 and a model.pt manifest may name them as
-`tpu_pipeline.convert.reference_models:DepthwiseCNN` (or TinyEncoder,
+`tpu_pipeline.testing.reference_models:DepthwiseCNN` (or TinyEncoder,
 TinyDecoderLM). Models that exist only to make a test fail live in
-tests/convert/models.py.
+convert_models.py beside this file.
 
 Each takes only JSON-able constructor kwargs (the model.pt manifest stores
 them) and has `example_inputs()` giving batch-1 sample arguments.

@@ -38,8 +38,8 @@ import torch
 from ai_edge_litert.interpreter import Interpreter
 from tokenizers import Tokenizer
 
-from tpu_pipeline.convert.litertlm_runtime import BUNDLE_FILE, RUNTIME, BundleRunner
-from tpu_pipeline.convert.lm_recipes import quantize_lm
+from tpu_pipeline.convert.lm.litertlm_runtime import BUNDLE_FILE, RUNTIME, BundleRunner
+from tpu_pipeline.convert.lm.quant_recipes import quantize_lm
 from tpu_pipeline.errors import ConversionError, UserError
 
 __all__ = ["BUNDLE_FILE", "RUNTIME", "BundleRunner", "bundle_parity", "bundle_tflite", "bundle_variant",
@@ -140,7 +140,7 @@ def bundle_tflite(bundle: bytes) -> bytes:
 
 
 def bundle_variant(bundle: bytes, precision: str) -> bytes:
-    """The bundle with its .tflite quantized to `precision` (an LM recipe, lm_recipes.py; float32
+    """The bundle with its .tflite quantized to `precision` (an LM recipe, quant_recipes.py; float32
     is the bundle itself). Metadata and tokenizer are unchanged."""
     if precision == "float32":
         return bundle

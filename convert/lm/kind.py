@@ -11,7 +11,7 @@ prefill logits). For other families the target's model.tflite is the
 bundle's own prefill/decode graph.
 
 Exported once in float32; each target's candidates (its profile's
-lm_precisions: LM recipes such as weight-only int8/int4, lm_recipes.py,
+lm_precisions: LM recipes such as weight-only int8/int4, quant_recipes.py,
 preferred first) are derived from that one export with ai-edge-quantizer,
 never exported again. Each candidate is judged by greedy agreement on its
 runtimes and by its held-out perplexity against PyTorch's (profile
@@ -28,20 +28,21 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from tpu_pipeline.convert import litertlm, parity
+from tpu_pipeline.convert import parity
 from tpu_pipeline.convert.browser import browser_unavailable, generate_litertjs
-from tpu_pipeline.convert.export import quiet_native
 from tpu_pipeline.convert.kinds import ModelKind, Progress
-from tpu_pipeline.convert.lm_export import (LLAMA_FAMILY, TOKENIZER_FILES, cache_lengths, eos_token_ids,
+from tpu_pipeline.convert.lm import litertlm
+from tpu_pipeline.convert.lm.decode_ready import (LLAMA_FAMILY, TOKENIZER_FILES, cache_lengths, eos_token_ids,
                                             generation_parity, load_hf_causal_lm, write_decode_ready)
-from tpu_pipeline.convert.lm_recipes import (LM_PRECISIONS, heldout_sequences, quantize_lm, tflite_perplexity,
+from tpu_pipeline.convert.lm.decode_ready_runtime import META_FILE, LiteRTLanguageModel
+from tpu_pipeline.convert.lm.quant_recipes import (LM_PRECISIONS, heldout_sequences, quantize_lm, tflite_perplexity,
                                              torch_perplexity)
-from tpu_pipeline.convert.lm_runtime import META_FILE, LiteRTLanguageModel
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.options import ConvertOptions
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo
+from tpu_pipeline.convert.tool_output import quiet_native
 from tpu_pipeline.errors import ConversionError, UserError
 
 MAX_NEW_TOKENS = 16
@@ -98,7 +99,7 @@ class CausalLMKind(ModelKind):
         self.texts = [t for t in (tokenizer.decode(p, skip_special_tokens=True) for p in prompts) if t.strip()]
         self.meta: dict = {}
         self.torch_ms: float | None = None
-        # held-out text for perplexity (lm_recipes.HELDOUT_LINES the tokenizer represents)
+        # held-out text for perplexity (quant_recipes.HELDOUT_LINES the tokenizer represents)
         self.heldout = heldout_sequences(tokenizer, max_len)
         self.torch_ppl: float | None = None
         # bundle sha256 -> litert_lm figures + perplexity (or the error): targets sharing a recipe measure it once
@@ -204,8 +205,8 @@ class CausalLMKind(ModelKind):
         return fig
 
     def _perplexity(self, bundle: bytes) -> dict:
-        """The bundle's held-out perplexity next to PyTorch's float32 one (lm_recipes.py)."""
-        base = {"text": "tpu_pipeline.convert.lm_recipes.HELDOUT_LINES", "lines": len(self.heldout),
+        """The bundle's held-out perplexity next to PyTorch's float32 one (quant_recipes.py)."""
+        base = {"text": "tpu_pipeline.convert.lm.quant_recipes.HELDOUT_LINES", "lines": len(self.heldout),
                 "tokens": sum(len(s) - 1 for s in self.heldout)}
         if not self.heldout:
             return {**base, "torch": None, "artifact": None, "change": None,

@@ -1,5 +1,7 @@
-"""PyTorch -> one float32 .tflite with litert-torch. Every target variant is
-derived from this one artifact (quantize.py): the model is traced once."""
+"""What the third-party tools convert drives (litert-torch, ai-edge-quantizer,
+the LiteRT analyzer) print and raise, made fit for our own output: their C++
+and progress logs go to a file (`quiet_native`), their exceptions become one
+line of a message (`first_line`)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,6 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
-
-from tpu_pipeline.convert.loaders import LoadedModel, first_line
-from tpu_pipeline.errors import ConversionError
 
 
 @contextlib.contextmanager
@@ -41,14 +40,7 @@ def quiet_native(log_path: Path | None = None) -> Iterator[Path]:
             os.close(f)
 
 
-def export_float(model: LoadedModel, path: Path) -> bytes:
-    """Converts `model` at its sample inputs; returns the .tflite bytes (also written to `path`)."""
-    try:
-        import litert_torch  # heavy: ~8 s to import (the TFLite converter stack); only exports need it
-
-        with quiet_native():
-            edge = litert_torch.convert(model.module, model.sample_args)
-            edge.export(str(path))
-    except Exception as e:  # noqa: BLE001 - the converter raises many types; all mean "cannot convert"
-        raise ConversionError(f"litert-torch could not convert the model: {type(e).__name__}: {first_line(e)}") from None
-    return path.read_bytes()
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type name when empty), at most 300 characters."""
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:300]

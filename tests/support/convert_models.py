@@ -1,15 +1,16 @@
 """Models that exist to make convert fail in a known way. The tests hand them
-to the CLI by class path (`--model-class tests.convert.models:Unconvertible`),
-as a user hands over their own class."""
+to the CLI by class path
+(`--model-class tpu_pipeline.testing.convert_models:Unconvertible`), as a user
+hands over their own class."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from tpu_pipeline.convert.reference_models import DepthwiseCNN
+from tpu_pipeline.testing.reference_models import DepthwiseCNN
 
-MODULE = "tests.convert.models"
+MODULE = "tpu_pipeline.testing.convert_models"
 
 
 class _ExportOnlyScale(nn.Module):

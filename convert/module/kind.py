@@ -20,17 +20,18 @@ import torch
 
 from tpu_pipeline.convert import parity
 from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs
-from tpu_pipeline.convert.export import export_float
-from tpu_pipeline.convert.global_pool import as_mean
 from tpu_pipeline.convert.kinds import ModelKind, Progress
-from tpu_pipeline.convert.loaders import LoadedModel, first_line, flatten_outputs, load_model
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
+from tpu_pipeline.convert.module.export import export_float
+from tpu_pipeline.convert.module.global_pool import as_mean
+from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs, load_model
 from tpu_pipeline.convert.options import ConvertOptions
 from tpu_pipeline.convert.quantize import quantize
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
 from tpu_pipeline.convert.runtimes import LitertRunner, from_artifact, run_micro, to_artifact
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo, inspect_model
+from tpu_pipeline.convert.tool_output import first_line
 from tpu_pipeline.errors import UserError
 
 CALIB_RANDOM_SAMPLES = 16

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tpu_pipeline.convert.iot_embedding import embedding_rows
+from tpu_pipeline.convert.module.embedding_rows import embedding_rows
+from tpu_pipeline.convert.tool_output import first_line
 from tpu_pipeline.errors import UserError
 
 MANIFEST_FORMAT = "tpu-pipeline/model@1"
@@ -382,8 +383,3 @@ def flatten_outputs(out: Any) -> list[torch.Tensor]:
     if hasattr(out, "to_tuple"):
         return flatten_outputs(out.to_tuple())
     raise UserError(f"model output of type {type(out).__name__} is not a tensor or a tuple of tensors")
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return (text.splitlines()[0] if text else type(e).__name__)[:300]
