@@ -39,6 +39,8 @@ def test_the_layers_hold(tmp_path):
     # train hands rl files, never the reverse
     ("tpu_pipeline.train.loop", "import tpu_pipeline.rl", "cli > rl > train"),
     ("tpu_pipeline.rl", "import tpu_pipeline.convert", "only the CLI uses convert"),
+    # a model kind reaches into the iot target's pieces instead of asking quantize/runtimes
+    ("tpu_pipeline.convert.module.loaders", "import tpu_pipeline.convert.iot.firmware", "convert's sub-packages"),
     # a task reaching up into train's machinery
     ("tpu_pipeline.train.tasks.arith", "import tpu_pipeline.train.runner", "train: worker > runner"),
     # a cycle inside one package
