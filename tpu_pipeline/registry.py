@@ -98,3 +98,12 @@ class Registry(Generic[T]):
 
 def _one_line(text: str | None) -> str:
     return (text or "").strip().split("\n\n")[0].replace("\n", " ").strip()
+
+
+def listing() -> list[dict[str, Any]]:
+    """Every registry made so far, with its entries: what `tpu-pipeline recipes --registries`
+    prints. Registries fill as their stage's modules are imported; the caller imports them."""
+    return [{"kind": r.kind, "how_to_add": r.how_to_add,
+             "entries": [{"name": e.name, "description": e.description, "defined_in": e.defined_in}
+                         for e in r.entries()]}
+            for r in REGISTRIES]
