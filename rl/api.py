@@ -71,7 +71,7 @@ def validate(cfg: RLConfig) -> None:
             source.Difficulty.from_dict(d.difficulty)
         except UserError as e:
             raise UserError(f"recipe {cfg.name}: data.difficulty: {e}") from None
-        source.warm_start_overrides(d)  # types data.options: unknown keys and bad values refused here
+        source.options(d)
     algo.check(cfg.algorithm)
     dapo.check(cfg)
 

@@ -259,10 +259,6 @@ class ArithSource(TaskSource):
         self._heldout: list[Row] | None = None
 
     @classmethod
-    def options(cls, data_cfg) -> ArithOptions:
-        return config.build(ArithOptions, dict(data_cfg.options), "data.options")
-
-    @classmethod
     def from_config(cls, data_cfg, seed: int) -> "ArithSource":
         return cls(cls.options(data_cfg).tasks, Difficulty.from_dict(data_cfg.difficulty), data_cfg.heldout_n)
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from tpu_pipeline import config
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.registry import Registry
 from tpu_pipeline.train.tasks.rows import Problem
@@ -108,8 +109,13 @@ class TaskSource(abc.ABC):
     never returns a held-out prompt.
     """
 
-    Difficulty: ClassVar[type]
-    Options: ClassVar[type]
+    Difficulty: ClassVar[type]  # with from_dict (a recipe's table, unknown keys refused)
+    Options: ClassVar[type]     # a keyword-only dataclass
+
+    @classmethod
+    def options(cls, data_cfg: Any) -> Any:
+        """`data.options` typed by `Options`; a source adds its own value checks."""
+        return config.build(cls.Options, dict(data_cfg.options), "data.options")
 
     @classmethod
     @abc.abstractmethod

@@ -305,7 +305,7 @@ class CountdownSource(TaskSource):
 
     @classmethod
     def options(cls, data_cfg) -> CountdownOptions:
-        opts = config.build(CountdownOptions, dict(data_cfg.options), "data.options")
+        opts = super().options(data_cfg)
         if opts.pool_size < 1:
             raise UserError(f"data.options.pool_size must be >= 1, got {opts.pool_size}")
         return opts
