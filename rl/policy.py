@@ -49,7 +49,7 @@ def warm_start_recipe(cfg) -> Recipe | None:
 
 
 def warm_start_key(recipe: str, overrides: dict[str, Any]) -> str:
-    """Content hash of the train recipe file and the overrides grpo_math applies."""
+    """Content hash of the train recipe file and the overrides the rl recipe applies."""
     path = find_recipe("train", recipe)
     h = hashlib.sha256(path.read_bytes())
     h.update(json.dumps(overrides, sort_keys=True, default=str).encode())
