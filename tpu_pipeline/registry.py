@@ -16,6 +16,7 @@ command line tells the user what exists. Every registry is listed in
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
@@ -51,7 +52,7 @@ class Registry(Generic[T]):
         """Decorator: `@reg.register("x")` on the class or function that is entry "x"."""
 
         def add(obj: T) -> T:
-            self.add(name, obj, description)
+            self.add(name, obj, description, defined_in=getattr(obj, "__module__", None))
             return obj
 
         return add
@@ -65,7 +66,7 @@ class Registry(Generic[T]):
         line = _one_line(description if description is not None else inspect.getdoc(obj))
         if not line:
             raise ValueError(f"{self.kind} {name!r} needs a one-line description (an argument or a docstring)")
-        where = defined_in or getattr(obj, "__module__", None) or "?"
+        where = defined_in or sys._getframe(1).f_globals.get("__name__", "?")  # the module calling add()
         self._entries[name] = Entry(name, obj, line, where)
         return obj
 

@@ -54,3 +54,22 @@ def test_cli_table_and_json():
     res = CliRunner().invoke(cli, ["recipes", "--json"])
     rows = json.loads(res.output)
     assert {r["name"] for r in rows} == set(by_name) and all("expected_minutes_cpu" in r for r in rows)
+
+
+def test_registries_lists_every_registry_with_where_each_entry_is_defined():
+    import importlib
+    from pathlib import Path
+
+    r = CliRunner().invoke(cli, ["recipes", "--registries", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {row["kind"]: row for row in json.loads(r.output)}
+    assert set(rows) == {"command", "train task", "rl task source", "rl reward", "kernel model family",
+                         "LM recipe", "model kind", "LM family", "target"}
+    assert {"train", "rl", "convert"} <= {e["name"] for e in rows["command"]["entries"]}
+    assert {e["name"] for e in rows["target"]["entries"]} == {"android", "ios", "desktop", "web", "iot"}
+    for row in rows.values():
+        assert row["how_to_add"] and row["entries"], row["kind"]
+        for e in row["entries"]:
+            assert e["description"] and "\n" not in e["description"], (row["kind"], e)
+            where = e["defined_in"]
+            assert Path(where).is_file() if where.endswith(".toml") else importlib.import_module(where), where

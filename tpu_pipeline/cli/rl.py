@@ -28,7 +28,7 @@ def _override(ctx, param, values):
 @click.option("--engine", type=click.Choice(["local", "verl"]), default="local", show_default=True,
               help="local: this package's engine; verl: VeRL's Ray trainer (python -m verl.trainer.main_ppo).")
 @click.option("--data", default=None, help="A VeRL parquet file to train on instead of the recipe's tasks.")
-@click.option("--reward", default=None, help="Reward function as module:function (VeRL's compute_score signature).")
+@click.option("--reward", default=None, help="A registered reward (tpu-pipeline recipes --registries) or module:function (VeRL's compute_score signature).")
 @click.option("--policy", default=None, help="Start from this Hugging Face folder instead of the warm start.")
 @click.option("--lora-rank", "lora_rank", type=int, default=None,
               help="Train LoRA adapters of this rank only (merged into policy/ at the end); 0 = full weights.")
