@@ -30,8 +30,7 @@ import time
 from pathlib import Path
 
 from tpu_pipeline.convert import convert
-from tpu_pipeline.convert.lm.quant_recipes import LM_PRECISIONS
-from tpu_pipeline.convert.targets import profile_dir
+from tpu_pipeline.convert.targets import LM_RECIPES, profile_dir
 from tpu_pipeline.testing import lm_zoo
 
 CACHE, PREFILL = 64, 16
@@ -43,7 +42,7 @@ def profiles_with_every_recipe(dst: Path) -> Path:
     shutil.copytree(profile_dir(), dst)
     path = dst / f"{TARGET}.toml"
     text = re.sub(r"^lm_precisions = .*$", "", path.read_text(), flags=re.M)
-    path.write_text(text + f"\nlm_precisions = {json.dumps(list(LM_PRECISIONS))}\n")
+    path.write_text(text + f"\nlm_precisions = {json.dumps([e.name for e in LM_RECIPES.entries()])}\n")
     return dst
 
 

@@ -28,7 +28,7 @@ _EXPORTS = {
 
 
 def __getattr__(name):
-    # start-up: lazy, so `tpu-pipeline generate` (lm/decode_ready_runtime.py, lm/litertlm_runtime.py: no torch) and --help stay fast
+    # start-up: lazy, so `tpu-pipeline generate` (the two LM runtimes: no torch) and --help stay fast
     if name in _EXPORTS:
         return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
     raise AttributeError(name)

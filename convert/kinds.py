@@ -10,8 +10,9 @@ is made, which parity metric proves the artifact, what model.json says.
 Kinds today: `module` (module/kind.py: any nn.Module with fixed-shape tensor
 inputs, judged output by output) and `causal-lm` (lm/kind.py: a Hugging Face
 causal-LM folder, exported decode-ready, judged by greedy token agreement).
-A new kind is one module with a ModelKind subclass, listed in
-pipeline.MODEL_KINDS.
+A new kind is one module with a ModelKind subclass decorated with
+`@register_kind("name")` (its MODEL_KINDS entry), imported by pipeline.py,
+the composition point.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tpu_pipeline.convert.options import ConvertOptions
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo
+from tpu_pipeline.registry import Registry
 
 Progress = Callable[[str], None]
 
@@ -33,7 +35,10 @@ Progress = Callable[[str], None]
 class ModelKind(abc.ABC):
     """One loaded model of this kind, ready to export. Create it with `load`."""
 
-    name: ClassVar[str]
+    name: ClassVar[str]  # its MODEL_KINDS name, set by register_kind; report.json's "kind"
+    # Kinds are asked lowest first whether they take a MODEL path (detect); the first that does
+    # takes it. An explicit number, not registration order, which would follow import order.
+    detect_order: ClassVar[int]
     noun: ClassVar[str]  # in messages: "target iot does not take {noun}"
     # ConvertOptions field -> why it has no meaning for this kind; set to a non-default
     # value it is refused (UserError, exit 2) before anything is loaded or written.
@@ -50,7 +55,7 @@ class ModelKind(abc.ABC):
     @staticmethod
     @abc.abstractmethod
     def detect(path: Path) -> bool:
-        """True when MODEL at `path` is of this kind (kinds are asked in pipeline.MODEL_KINDS order)."""
+        """True when MODEL at `path` is of this kind (kinds are asked in detection_order())."""
 
     @classmethod
     def skip_reason(cls, profile: TargetProfile) -> str | None:
@@ -110,3 +115,23 @@ class ModelKind(abc.ABC):
     def report_fields(self) -> dict:
         """Kind-specific top-level report.json fields: source_format, task, samples,
         sample_source, notes, and whatever describes this kind's inputs."""
+
+
+MODEL_KINDS: Registry[type[ModelKind]] = Registry(
+    "model kind", "a ModelKind subclass with @register_kind(name) in its own module, imported by convert/pipeline.py")
+
+
+def register_kind(name: str) -> Callable[[type[ModelKind]], type[ModelKind]]:
+    """`@register_kind("causal-lm")` on a ModelKind subclass: its MODEL_KINDS entry (described by
+    the class docstring's first paragraph) and its `name`."""
+
+    def add(cls: type[ModelKind]) -> type[ModelKind]:
+        cls.name = name
+        return MODEL_KINDS.register(name)(cls)
+
+    return add
+
+
+def detection_order() -> list[type[ModelKind]]:
+    """The registered kinds in the order the pipeline asks them: detect_order, then name."""
+    return sorted((e.obj for e in MODEL_KINDS.entries()), key=lambda k: (k.detect_order, k.name))

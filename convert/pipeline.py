@@ -28,8 +28,8 @@ import torch
 from tpu_pipeline import files
 from tpu_pipeline.convert import checks
 from tpu_pipeline.convert.iot.firmware import measure_arena, suggested_arena, write_c_array
-from tpu_pipeline.convert.kinds import ModelKind, Progress
-from tpu_pipeline.convert.lm.kind import CausalLMKind
+from tpu_pipeline.convert.kinds import ModelKind, Progress, detection_order
+from tpu_pipeline.convert.lm import kind as _lm_kind  # noqa: F401 - registers CausalLMKind (see model_kind)
 from tpu_pipeline.convert.module.kind import ModuleKind
 from tpu_pipeline.convert.module.loaders import load_object
 from tpu_pipeline.convert.options import FLAGS, ConvertOptions
@@ -40,13 +40,11 @@ from tpu_pipeline.convert.targets import TargetProfile, load_profiles, resolve_t
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.errors import ConversionError, UserError
 
-# Asked in order; the first whose detect() is true takes the model. ModuleKind
-# takes anything (its loader says what it cannot read), so it comes last.
-MODEL_KINDS: tuple[type[ModelKind], ...] = (CausalLMKind, ModuleKind)
-
-
 def model_kind(model_path: Path) -> type[ModelKind]:
-    return next(k for k in MODEL_KINDS if k.detect(model_path))
+    """The first registered kind (kinds.MODEL_KINDS, in detection_order) whose detect() holds.
+    This module is the composition point: it imports every kind's module, which registers it;
+    ModuleKind takes anything (its loader says what it cannot read), so it is asked last."""
+    return next(k for k in detection_order() if k.detect(model_path))
 
 
 def refuse_options(kind: type[ModelKind], o: ConvertOptions) -> None:

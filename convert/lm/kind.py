@@ -30,17 +30,16 @@ from tokenizers import Tokenizer
 
 from tpu_pipeline.convert import parity
 from tpu_pipeline.convert.browser import browser_unavailable, generate_litertjs
-from tpu_pipeline.convert.kinds import ModelKind, Progress
+from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
 from tpu_pipeline.convert.lm import litertlm
 from tpu_pipeline.convert.lm.decode_ready import (LLAMA_FAMILY, TOKENIZER_FILES, cache_lengths, eos_token_ids,
                                             generation_parity, load_hf_causal_lm, write_decode_ready)
 from tpu_pipeline.convert.lm.decode_ready_runtime import META_FILE, LiteRTLanguageModel
-from tpu_pipeline.convert.lm.quant_recipes import (LM_PRECISIONS, heldout_sequences, quantize_lm, tflite_perplexity,
-                                             torch_perplexity)
+from tpu_pipeline.convert.lm.quant_recipes import heldout_sequences, quantize_lm, tflite_perplexity, torch_perplexity
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.options import ConvertOptions
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
-from tpu_pipeline.convert.targets import TargetProfile
+from tpu_pipeline.convert.targets import LM_RECIPES, TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo
 from tpu_pipeline.convert.tool_output import quiet_native
 from tpu_pipeline.errors import ConversionError, UserError
@@ -75,8 +74,12 @@ def decode_ready_skipped(config) -> str | None:
     return None
 
 
+@register_kind("causal-lm")
 class CausalLMKind(ModelKind):
-    name = "causal-lm"
+    """A Hugging Face causal-LM folder (config.json, safetensors, tokenizer.json): a .litertlm bundle
+    per target (and the decode-ready export for the Llama family), judged by greedy token agreement."""
+
+    detect_order = 0  # a folder with config.json and tokenizer.json, before ModuleKind's catch-all
     noun = "a causal LM"
     refused_options = {
         "input_shapes": NOT_FOR_HF, "model_class": NOT_FOR_HF, "model_kwargs": NOT_FOR_HF, "trust_pickle": NOT_FOR_HF,
@@ -156,9 +159,9 @@ class CausalLMKind(ModelKind):
         return list(profile.lm_precisions) or [self.precision(profile)]
 
     def variant(self, float_model: Artifact, precision: str) -> Artifact:
-        if precision not in LM_PRECISIONS:
+        if precision not in LM_RECIPES:
             raise ConversionError(f"{precision} is not an LM recipe (static int8 needs calibration of a KV-cache LM, "
-                                  f"which is not built); use one of {', '.join(LM_PRECISIONS)}")
+                                  f"which is not built); use one of {', '.join(e.name for e in LM_RECIPES.entries())}")
         bundle = litertlm.bundle_variant(float_model.extra_files[litertlm.BUNDLE_FILE], precision)
         extra = {**float_model.extra_files, litertlm.BUNDLE_FILE: bundle}
         if not self.decode_ready:

@@ -41,38 +41,46 @@ from tokenizers import Tokenizer
 from tpu_pipeline.convert.lm.litertlm_runtime import BUNDLE_FILE, RUNTIME, BundleRunner
 from tpu_pipeline.convert.lm.quant_recipes import quantize_lm
 from tpu_pipeline.errors import ConversionError, UserError
+from tpu_pipeline.registry import Registry
 
-__all__ = ["BUNDLE_FILE", "RUNTIME", "BundleRunner", "bundle_parity", "bundle_tflite", "bundle_variant",
-           "check_family", "decode_logits", "export_bundle", "latency", "repack", "sampler_defaults", "verdict"]
+__all__ = ["BUNDLE_FILE", "LM_FAMILIES", "RUNTIME", "BundleRunner", "LMFamily", "bundle_parity", "bundle_tflite",
+           "bundle_variant", "check_family", "decode_logits", "export_bundle", "latency", "repack", "sampler_defaults",
+           "verdict"]
 EXPORT_TIMEOUT_S = 900
 
-# model_type -> what export_hf + litert_lm were verified on here (bench/lm_families.py,
-# docs/BENCHMARKS.md). Anything else is refused in one line before export starts.
-SUPPORTED = {
-    "llama": "Llama (grouped-query, multi-query and full attention; tied embeddings as in SmolLM)",
-    "qwen2": "Qwen2",
-    "qwen3": "Qwen3 (q/k norms)",
-    "mistral": "Mistral (with or without sliding_window)",
-    "gemma": "Gemma (scaled embeddings, 1+w norm)",
-    "gemma2": "Gemma 2 (logit soft-capping, alternating sliding-window layers)",
-    "gemma3_text": "Gemma 3 text (q/k norms, alternating sliding-window layers)",
-    "phi3": "Phi-3",
-}
-# model_type -> why it is refused (measured; see docs/BENCHMARKS.md).
-REFUSED = {
-    "gpt2": "GPT-2 is not supported: litert-torch 0.10's export_hf fails on it (GPT2Config has no "
-            "num_key_value_heads)",
-}
+
+@dataclasses.dataclass(frozen=True)
+class LMFamily:
+    """A Hugging Face model_type the .litertlm path was measured on (bench/lm_families.py, docs/BENCHMARKS.md)."""
+
+    refused: str = ""  # why it is refused, one line ("": supported)
+
+
+# Every model_type export_hf + litert_lm were verified on here, supported or refused; anything else
+# is refused in one line before export starts.
+LM_FAMILIES: Registry[LMFamily] = Registry(
+    "LM family", "a tiny config in tpu_pipeline.testing.lm_zoo and a case in tests/convert/test_lm_families_on_cpu.py; "
+                 "once it passes, one LM_FAMILIES.add in convert/lm/litertlm.py (refused=: the one-line reason)")
+LM_FAMILIES.add("llama", LMFamily(), "Llama (grouped-query, multi-query and full attention; tied embeddings as in SmolLM)")
+LM_FAMILIES.add("qwen2", LMFamily(), "Qwen2")
+LM_FAMILIES.add("qwen3", LMFamily(), "Qwen3 (q/k norms)")
+LM_FAMILIES.add("mistral", LMFamily(), "Mistral (with or without sliding_window)")
+LM_FAMILIES.add("gemma", LMFamily(), "Gemma (scaled embeddings, 1+w norm)")
+LM_FAMILIES.add("gemma2", LMFamily(), "Gemma 2 (logit soft-capping, alternating sliding-window layers)")
+LM_FAMILIES.add("gemma3_text", LMFamily(), "Gemma 3 text (q/k norms, alternating sliding-window layers)")
+LM_FAMILIES.add("phi3", LMFamily(), "Phi-3")
+LM_FAMILIES.add("gpt2", LMFamily(refused="GPT-2 is not supported: litert-torch 0.10's export_hf fails on it (GPT2Config "
+                                         "has no num_key_value_heads)"), "GPT-2 (refused)")
 
 
 def check_family(config) -> None:
     """UserError (one line) for a model family or feature the bundle path does not support."""
     model_type = getattr(config, "model_type", None)
-    if model_type in REFUSED:
-        raise UserError(f".litertlm bundles: {REFUSED[model_type]}")
-    if model_type not in SUPPORTED:
-        raise UserError(f".litertlm bundles are built for model types {', '.join(SUPPORTED)}, "
-                        f"not {model_type!r}")
+    if model_type in LM_FAMILIES and LM_FAMILIES.get(model_type).refused:
+        raise UserError(f".litertlm bundles: {LM_FAMILIES.get(model_type).refused}")
+    if model_type not in LM_FAMILIES:
+        supported = [e.name for e in LM_FAMILIES.entries() if not e.obj.refused]
+        raise UserError(f".litertlm bundles are built for model types {', '.join(supported)}, not {model_type!r}")
 
 
 def export_bundle(hf_dir: Path, work: Path, *, cache_length: int, prefill_length: int) -> bytes:

@@ -1,10 +1,11 @@
 """LM quantization recipes and the held-out perplexity that judges them
 beside greedy token agreement (issue 12 item 4).
 
-A recipe is an ai-edge-quantizer recipe applied to the one float32 export
-(the bundle's .tflite and, for the Llama family, the decode-ready .tflite);
-nothing is exported again. Profiles list them in `lm_precisions`, preferred
-first; lm/kind.py measures each and the pipeline ships the first that passes
+A recipe (targets.LM_RECIPES: every name a profile may list) is an
+ai-edge-quantizer recipe applied to the one float32 export (the bundle's
+.tflite and, for the Llama family, the decode-ready .tflite); nothing is
+exported again. Profiles list them in `lm_precisions`, preferred first;
+lm/kind.py measures each and the pipeline ships the first that passes
 (greedy agreement on litert_lm, the perplexity bound, the target's checks)
 unless a later one is clearly faster.
 
@@ -30,23 +31,9 @@ import torch
 from ai_edge_quantizer import quantizer, recipe
 
 from tpu_pipeline.convert.quantize import quantize
+from tpu_pipeline.convert.targets import LM_RECIPES
 from tpu_pipeline.convert.tool_output import first_line, quiet_native
 from tpu_pipeline.errors import ConversionError
-
-# name -> ai-edge-quantizer recipe, for the recipes quantize.py does not make (float16 and
-# dynamic_int8 go through quantize.py, as for any model).
-# weight_only_*: weights stored as int8/int4 (per channel), dequantized to float before each op,
-# float compute: the quality of float at a fraction of the size. dynamic_int4_block32: int4
-# weights in blocks of 32 with a scale per block and activations quantized on the fly, the one
-# blockwise int4 preset ai-edge-quantizer 0.10 has (it has no weight-only blockwise preset).
-# litert_lm 0.18.1's CPU refused it on the grpo_math policy shape (XNNPACK: an INT4 tensor with a
-# zero scale, "Failed to allocate tensors"); such a candidate fails as a conversion error.
-RECIPES = {
-    "weight_only_int8": recipe.weight_only_wi8_afp32,
-    "weight_only_int4": recipe.weight_only_wi4_afp32,
-    "dynamic_int4_block32": recipe.dynamic_wi4b32_afp32,
-}
-LM_PRECISIONS = ("float32", "float16", "dynamic_int8", *RECIPES)
 
 HELDOUT_LINES = (
     "7-5=#### 2", "1+5-4=#### 2", "1-5=#### -4", "5+3=#### 8", "0+8-4=#### 4", "9+10=#### 19", "4+8-1=#### 11",
@@ -65,13 +52,14 @@ HELDOUT_LINES = (
 
 
 def quantize_lm(tflite: bytes, precision: str, signature: str) -> bytes:
-    """`tflite` (an LM graph with prefill/decode signatures) in `precision`; ConversionError
-    (one line) when ai-edge-quantizer cannot make it."""
-    if precision not in RECIPES:
+    """`tflite` (an LM graph with prefill/decode signatures) in `precision` (an LM_RECIPES name);
+    ConversionError (one line) when ai-edge-quantizer cannot make it."""
+    made_by = LM_RECIPES.get(precision).quantizer_recipe
+    if made_by is None:
         return quantize(tflite, precision, None, signature=signature)
     try:
         with quiet_native():
-            q = quantizer.Quantizer(bytearray(tflite), RECIPES[precision]())
+            q = quantizer.Quantizer(bytearray(tflite), getattr(recipe, made_by)())
             return bytes(q.quantize(None, enable_progress_report=False).quantized_model)
     except Exception as e:  # noqa: BLE001 - the quantizer's own failures
         raise ConversionError(f"ai-edge-quantizer could not make the {precision} variant: {type(e).__name__}: "

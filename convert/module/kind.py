@@ -20,7 +20,7 @@ import torch
 
 from tpu_pipeline.convert import parity
 from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs
-from tpu_pipeline.convert.kinds import ModelKind, Progress
+from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.global_pool import as_mean
@@ -42,8 +42,12 @@ FLOAT16_LOSSY = 1e-2  # relative error of a layer's float16 output that counts a
 LM_ONLY = "applies to Hugging Face causal-LM folders with tokenizer.json only"
 
 
+@register_kind("module")
 class ModuleKind(ModelKind):
-    name = "module"
+    """An nn.Module with fixed-shape tensor inputs (a .pt2, a model.pt manifest, a state_dict with
+    --model-class, an HF folder's fixed-length forward, or in memory), judged output by output."""
+
+    detect_order = 100  # the catch-all: asked last
     noun = "this model"
     localizes = True
     refines = True

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
 from tpu_pipeline.convert import checks, load_profiles
+from tpu_pipeline.convert.kinds import MODEL_KINDS, detection_order, register_kind
 from tpu_pipeline.convert.lm.kind import CausalLMKind
 from tpu_pipeline.convert.module.kind import ModuleKind
 from tpu_pipeline.convert.pipeline import model_kind
@@ -47,6 +48,17 @@ def _tiny_lm_folder(path):
 def test_kind_detection(tmp_path):
     assert model_kind(_tiny_lm_folder(tmp_path / "lm")) is CausalLMKind
     assert model_kind(manifest("DepthwiseCNN", tmp_path / "model.pt")) is ModuleKind
+
+
+def test_kinds_register_where_defined_and_are_asked_in_detect_order():
+    # registration order follows import order; detection must not
+    assert detection_order() == [CausalLMKind, ModuleKind]
+    assert [(e.name, e.obj.name, e.defined_in) for e in MODEL_KINDS.entries()] == [
+        ("causal-lm", "causal-lm", "tpu_pipeline.convert.lm.kind"),
+        ("module", "module", "tpu_pipeline.convert.module.kind")]
+    assert all(e.description for e in MODEL_KINDS.entries())
+    with pytest.raises(ValueError, match="already registered"):
+        register_kind("module")(type("Again", (ModuleKind,), {"__doc__": "a second module kind"}))
 
 
 @pytest.mark.parametrize("flag, value, why", [

@@ -277,11 +277,40 @@ def test_lm_recipe_verdict_bounds_perplexity_either_way(tmp_path):
                                "bound +-2.00%)"]
 
 
-def test_profiles_accept_exactly_the_lm_recipes_convert_can_make():
-    # targets.py types lm_precisions without importing ai-edge-quantizer; the two lists must not drift
-    from typing import get_args
+def test_every_lm_recipe_is_one_quantize_lm_can_make():
+    # one list (targets.LM_RECIPES), checked when a profile loads without importing ai-edge-quantizer
+    from ai_edge_quantizer import recipe
 
-    from tpu_pipeline.convert.lm.quant_recipes import LM_PRECISIONS
-    from tpu_pipeline.convert.targets import LMPrecision
+    from tpu_pipeline.convert import quantize
+    from tpu_pipeline.convert.targets import LM_RECIPES
 
-    assert set(get_args(LMPrecision)) == set(LM_PRECISIONS)
+    assert [e.name for e in LM_RECIPES.entries()] == ["float32", "float16", "dynamic_int8", "weight_only_int8",
+                                                      "weight_only_int4", "dynamic_int4_block32"]
+    for e in LM_RECIPES.entries():
+        assert e.description and e.defined_in == "tpu_pipeline.convert.targets"
+        made_by = e.obj.quantizer_recipe
+        assert (e.name in ("float32", "float16", *quantize.RECIPES)) if made_by is None else callable(
+            getattr(recipe, made_by)), e
+
+
+def test_a_profile_naming_an_unknown_lm_recipe_fails_when_it_loads(tmp_path):
+    from tpu_pipeline.convert.targets import load_profiles, profile_dir
+
+    text = (profile_dir() / "android.toml").read_text()
+    assert 'lm_precisions = ["weight_only_int8", "float16"]' in text
+    (tmp_path / "android.toml").write_text(text.replace('lm_precisions = ["weight_only_int8", "float16"]',
+                                                        'lm_precisions = ["weight_only_int3", "float16"]'))
+    with pytest.raises(UserError) as e:
+        load_profiles(tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg and str(tmp_path / "android.toml") in msg and "'weight_only_int3'" in msg
+    assert msg.endswith("valid: dynamic_int4_block32, dynamic_int8, float16, float32, weight_only_int4, "
+                        "weight_only_int8"), msg
+
+
+def test_lm_families_are_one_registry_of_supported_and_refused():
+    assert litertlm.LM_FAMILIES.get("llama").refused == ""
+    assert litertlm.LM_FAMILIES.get("gpt2").refused.startswith("GPT-2 is not supported")
+    with pytest.raises(UserError, match=r"built for model types llama, qwen2, qwen3, mistral, gemma, gemma2, "
+                                        r"gemma3_text, phi3, not 'bert'"):
+        litertlm.check_family(types.SimpleNamespace(model_type="bert"))

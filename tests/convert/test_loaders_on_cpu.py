@@ -164,6 +164,20 @@ def test_target_profiles_are_data():
         resolve_targets("android,phone", profiles)
 
 
+def test_targets_are_ordered_by_their_files_order_field(tmp_path):
+    from tpu_pipeline.convert.targets import profile_dir
+
+    for f in profile_dir().glob("*.toml"):
+        text = f.read_text()
+        if f.stem == "iot":
+            assert "\norder = 50 " in text
+            text = text.replace("\norder = 50 ", "\norder = 5 ")
+        (tmp_path / f.name).write_text(text)
+    profiles = load_profiles(tmp_path)
+    assert [e.name for e in profiles.entries()] == ["iot", "android", "ios", "desktop", "web"]
+    assert [p.name for p in resolve_targets("web,iot,desktop", profiles)] == ["iot", "desktop", "web"]
+
+
 def test_every_profile_field_is_commented():
     from tpu_pipeline.convert.targets import profile_dir
 
