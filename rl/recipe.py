@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tpu_pipeline import config as _config
+from tpu_pipeline.errors import UserError
 from tpu_pipeline.recipes import find_recipe
+from tpu_pipeline.train.tasks import TASK_SOURCES
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -137,7 +139,15 @@ class RLConfig:
 def load_recipe(recipe: str | Path, overrides: dict[str, Any] | None = None) -> RLConfig:
     """A shipped rl recipe by name (or a path to a TOML copy) with dotted overrides."""
     path = find_recipe("rl", str(recipe))
-    cfg = _config.load(RLConfig, path, overrides)
+    try:
+        cfg = _config.load(RLConfig, path, overrides)
+    except UserError as e:
+        if "data: unknown key 'tasks'" in str(e) or "data: unknown key 'pool_size'" in str(e):
+            # a recipe copied before the tasks layer (issue 18) kept its task list in [data]
+            raise UserError(f"{e} ([data] now names its task source, data.source = one of "
+                            f"{', '.join(TASK_SOURCES.names())}, and moves the source's keys into "
+                            f"data.options; compare with the shipped recipe it was copied from)") from None
+        raise
     if not cfg.name:
         cfg.name = path.stem
     return cfg

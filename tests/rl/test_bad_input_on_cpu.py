@@ -130,3 +130,16 @@ def test_unknown_recipe_key_and_bad_values_are_exit_2(tmp_path):
     assert r.exit_code == 2 and "unknown rl task source 'arithm'; valid: arith, countdown" in r.output
     r = CliRunner().invoke(cli, ["rl", "--set", "data.options.taks=[]", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "data.options: unknown key 'taks'; valid keys: tasks" in r.output
+
+
+def test_a_recipe_copied_before_the_tasks_layer_is_told_what_moved(tmp_path):
+    from tpu_pipeline.recipes import find_recipe
+
+    text = find_recipe("rl", "grpo_math").read_text()
+    old = tmp_path / "old.toml"
+    # the [data] of a copy made before data.source existed: the task list sat in [data] itself
+    old.write_text(text.replace('source = "arith"', 'tasks = ["basic_arithmetic", "chain_sum"]', 1))
+    r = CliRunner().invoke(cli, ["rl", "--recipe", str(old), "--steps", "1", "--out", str(tmp_path / "run")])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "data: unknown key 'tasks'" in r.output and "data.source = one of arith, countdown" in r.output
+    assert not (tmp_path / "run").exists()
