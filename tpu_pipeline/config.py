@@ -35,7 +35,7 @@ def load(cls: type[T], source: str | Path | dict, overrides: dict[str, Any] | No
             raise UserError(f"{path}: not valid TOML ({e})") from None
         where = str(path)
     for dotted, value in (overrides or {}).items():
-        _set_dotted(data, dotted, value)
+        set_dotted(data, dotted, value)
     return build(cls, data, where)
 
 
@@ -58,7 +58,8 @@ def to_dict(obj: Any) -> dict:
     return dataclasses.asdict(obj)
 
 
-def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+def set_dotted(data: dict, dotted: str, value: Any) -> None:
+    """`data["a"]["b"] = value` for "a.b", making tables on the way (a --set override)."""
     keys = dotted.split(".")
     for key in keys[:-1]:
         data = data.setdefault(key, {})

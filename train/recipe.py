@@ -67,7 +67,7 @@ def load(path: Path, overrides: dict[str, Any] | None = None) -> Recipe:
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: not valid TOML ({e})") from None
     for dotted, value in (overrides or {}).items():
-        _set_dotted(data, dotted, value)
+        config.set_dotted(data, dotted, value)
     task = data.get("task")
     if not isinstance(task, str):
         raise UserError(f"{path}: task: expected a registered train task name, got {task!r}")
@@ -79,15 +79,6 @@ def load(path: Path, overrides: dict[str, Any] | None = None) -> Recipe:
     r = config.build(Recipe, data, str(path))
     r.settings = config.build(cls.Config, section, f"{path}: {cls.section}")
     return r
-
-
-def _set_dotted(data: dict, dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    for key in keys[:-1]:
-        data = data.setdefault(key, {})
-        if not isinstance(data, dict):
-            raise UserError(f"override {dotted!r}: {key!r} is not a table")
-    data[keys[-1]] = value
 
 
 def fingerprint(r: Recipe) -> dict:

@@ -160,27 +160,24 @@ def heldout_problems(n: int, *, difficulty: Difficulty = DEFAULT_DIFFICULTY,
                      exclude: Sequence[Problem] | None = None) -> list[Problem]:
     """`n` held-out problems from a seed training never uses; prompts in `exclude` are
     dropped (small problem spaces may then yield fewer than `n`)."""
-    seen = {p.prompt for p in exclude or ()}
-    out: list[Problem] = []
-    for attempt in range(10):
-        # reasoning-gym seeds item i with seed + i: nearby seeds repeat each other's problems.
-        for p in _generate(max(n, 64), HELDOUT_SEED + attempt * SEED_STRIDE, difficulty):
-            if p.prompt not in seen:
-                seen.add(p.prompt)
-                out.append(p)
-                if len(out) == n:
-                    return out
-    return out
+    # reasoning-gym seeds item i with seed + i: nearby seeds repeat each other's problems.
+    return _distinct(n, [HELDOUT_SEED + attempt * SEED_STRIDE for attempt in range(10)], difficulty, exclude)
 
 
 def fresh_problems(n: int, seed: int, *, difficulty: Difficulty = DEFAULT_DIFFICULTY,
                    exclude: Sequence[Problem] | None = None) -> list[Problem]:
     """`n` problems for a seed of the caller's choice (`eval --seed`), from generator seeds
     neither training (< HELDOUT_SEED) nor the held-out split use, prompts in `exclude` dropped."""
+    return _distinct(n, [2 * HELDOUT_SEED + (10 * seed + attempt) * SEED_STRIDE for attempt in range(10)],
+                     difficulty, exclude)
+
+
+def _distinct(n: int, seeds: Sequence[int], difficulty: Difficulty, exclude: Sequence[Problem] | None) -> list[Problem]:
+    """Up to `n` problems with distinct prompts, none in `exclude`, drawn from `seeds` in turn."""
     seen = {p.prompt for p in exclude or ()}
     out: list[Problem] = []
-    for attempt in range(10):
-        for p in _generate(max(n, 64), 2 * HELDOUT_SEED + (10 * seed + attempt) * SEED_STRIDE, difficulty):
+    for seed in seeds:
+        for p in _generate(max(n, 64), seed, difficulty):
             if p.prompt not in seen:
                 seen.add(p.prompt)
                 out.append(p)
