@@ -23,6 +23,11 @@ T = TypeVar("T")
 
 def load(cls: type[T], source: str | Path | dict, overrides: dict[str, Any] | None = None) -> T:
     """Builds `cls` from a TOML file (or a dict), then applies dotted overrides."""
+    return build(cls, *read(source, overrides))
+
+
+def read(source: str | Path | dict, overrides: dict[str, Any] | None = None) -> tuple[dict, str]:
+    """The raw table of a TOML file (or a dict) with dotted overrides applied, and where it came from."""
     if isinstance(source, dict):
         data, where = dict(source), "config"
     else:
@@ -36,7 +41,7 @@ def load(cls: type[T], source: str | Path | dict, overrides: dict[str, Any] | No
         where = str(path)
     for dotted, value in (overrides or {}).items():
         set_dotted(data, dotted, value)
-    return build(cls, data, where)
+    return data, where
 
 
 def build(cls: type[T], data: dict, where: str = "config") -> T:

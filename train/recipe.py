@@ -11,7 +11,6 @@ that type check but cannot work.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +59,7 @@ class Recipe:
 
 def load(path: Path, overrides: dict[str, Any] | None = None) -> Recipe:
     """The recipe at `path` with dotted overrides, its task's table typed by the task."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{path}: not valid TOML ({e})") from None
-    for dotted, value in (overrides or {}).items():
-        config.set_dotted(data, dotted, value)
+    data, _ = config.read(path, overrides)
     task = data.get("task")
     if not isinstance(task, str):
         raise UserError(f"{path}: task: expected a registered train task name, got {task!r}")
