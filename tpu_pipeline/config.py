@@ -40,7 +40,7 @@ def read(source: str | Path | dict, overrides: dict[str, Any] | None = None) -> 
             raise UserError(f"{path}: not valid TOML ({e})") from None
         where = str(path)
     for dotted, value in (overrides or {}).items():
-        set_dotted(data, dotted, value)
+        _set_dotted(data, dotted, value)
     return data, where
 
 
@@ -63,7 +63,7 @@ def to_dict(obj: Any) -> dict:
     return dataclasses.asdict(obj)
 
 
-def set_dotted(data: dict, dotted: str, value: Any) -> None:
+def _set_dotted(data: dict, dotted: str, value: Any) -> None:
     """`data["a"]["b"] = value` for "a.b", making tables on the way (a --set override)."""
     keys = dotted.split(".")
     for key in keys[:-1]:
