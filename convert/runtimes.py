@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -37,16 +38,41 @@ def from_artifact(y: np.ndarray, t: IOTensor) -> np.ndarray:
     return np.asarray(y)
 
 
+# The reference kernels lack some op versions the converter emits (int32 ABS v5 from a reflect
+# pad); the interpreter then refuses the whole model with this message.
+_MISSING_OP = re.compile(r"Didn't find (?:op for builtin opcode|custom op for name) '([^']+)'(?: version '(\d+)')?")
+REFERENCE_KERNELS = "reference kernels (BUILTIN_REF)"
+BUILTIN_KERNELS = "builtin optimized kernels (default resolver without XNNPACK)"
+
+
 class LitertRunner:
-    """ai-edge-litert Interpreter; `reference=True` uses the reference kernels (no XNNPACK)."""
+    """ai-edge-litert Interpreter; `reference=True` uses the reference kernels (no XNNPACK).
+
+    Where the reference kernels lack an op version, the runner falls back to the builtin
+    optimized kernels (the default resolver, XNNPACK left out so the check still compares
+    two kernel sets): `kernels` names what ran, `fallback` says why (None when no fallback).
+    An artifact the interpreter refuses is a ConversionError naming the reason."""
 
     def __init__(self, model: bytes, info: ModelInfo, *, reference: bool = False, preserve_all: bool = False,
                  threads: int = 1):
-        kind = OpResolverType.BUILTIN_REF if reference else OpResolverType.AUTO
         self.info = info
-        self.interp = Interpreter(model_content=model, num_threads=threads, experimental_op_resolver_type=kind,
-                                  experimental_preserve_all_tensors=preserve_all)
-        self.interp.allocate_tensors()
+        self.kernels = REFERENCE_KERNELS if reference else "XNNPACK (default resolver)"
+        self.fallback: str | None = None
+        kind = OpResolverType.BUILTIN_REF if reference else OpResolverType.AUTO
+        try:
+            self.interp = _interpreter(model, kind, threads, preserve_all)
+        except ValueError as e:
+            missing = _MISSING_OP.search(str(e))
+            if not (reference and missing):
+                raise ConversionError(f"ai-edge-litert cannot load the artifact: {_first(e)}") from None
+            op = missing.group(1) + (f" v{missing.group(2)}" if missing.group(2) else "")
+            try:
+                self.interp = _interpreter(model, OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES, threads,
+                                           preserve_all)
+            except ValueError as e2:
+                raise ConversionError(f"ai-edge-litert cannot load the artifact: {_first(e2)}") from None
+            self.kernels = BUILTIN_KERNELS
+            self.fallback = f"the reference kernels lack {op}; ran on the {BUILTIN_KERNELS} instead"
 
     def run(self, sample: Sample) -> list[np.ndarray]:
         for x, t in zip(sample, self.info.inputs):
@@ -68,6 +94,21 @@ class LitertRunner:
             self.interp.invoke()
             times.append(time.perf_counter() - t0)
         return float(np.median(times) * 1e3)
+
+
+def _interpreter(model: bytes, kind: OpResolverType, threads: int, preserve_all: bool) -> Interpreter:
+    with warnings.catch_warnings():
+        # preserve_all on the builtin kernels warns "for debugging purposes only": localization is that
+        warnings.simplefilter("ignore", UserWarning)
+        interp = Interpreter(model_content=model, num_threads=threads, experimental_op_resolver_type=kind,
+                             experimental_preserve_all_tensors=preserve_all)
+    interp.allocate_tensors()
+    return interp
+
+
+def _first(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def run_micro(model: bytes, info: ModelInfo, samples: list[Sample], arena_bytes: int) -> list[list[np.ndarray]]:

@@ -157,6 +157,8 @@ class ModuleKind(ModelKind):
                 # kernel noise from conversion error. Variants are judged against the float artifact instead.
                 refk = LitertRunner(model, info, reference=True)
                 got_ref = [refk.run(s) for s in samples[:REFERENCE_SAMPLES]]
+                if refk.fallback and (note := f"kernel-noise check: {refk.fallback}") not in self.notes:
+                    self.notes.append(note)
         outputs = self._compare(prof, o, ref, got, self.precision_error(art.precision))
         v = parity.verdict(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
         passed = v["passed"]
@@ -189,13 +191,14 @@ class ModuleKind(ModelKind):
             res["vs_float"]["max_abs"] = max(m["max_abs"] for m in vs.values())
         if got_ref is not None:
             res["kernel_noise"] = {"max_abs_xnnpack_vs_reference": float(max(
-                np.abs(np.asarray(a, np.float64) - b).max() for g, gr in zip(got, got_ref) for a, b in zip(g, gr)))}
+                np.abs(np.asarray(a, np.float64) - b).max() for g, gr in zip(got, got_ref) for a, b in zip(g, gr))),
+                "reference": refk.kernels, **({"fallback": refk.fallback} if refk.fallback else {})}
             if not passed:
                 ok_ref, _ = parity.judge(self._compare(prof, o, ref[:len(got_ref)], got_ref), prof,
                                          atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
-                res["diagnosis"] = ("XNNPACK kernel noise: the reference kernels pass" if ok_ref else
-                                    "conversion error: the float32 export departs from PyTorch on the reference "
-                                    "kernels too")
+                res["diagnosis"] = (f"XNNPACK kernel noise: the {refk.kernels} pass" if ok_ref else
+                                    "conversion error: the float32 export departs from PyTorch on the "
+                                    f"{refk.kernels} too")
         return Parity(figures=res, warnings=warnings, runtime=runtime)
 
     def float16_sensitivity(self) -> dict:

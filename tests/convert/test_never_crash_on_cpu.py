@@ -1,0 +1,92 @@
+"""Never crash (issue 19, item 6): a runtime, check or localization that raises becomes the
+target's failure with its reason, or a documented fallback; bad files and data are one line
+and exit 2; the Python API raises only tpu_pipeline.errors types."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from click.testing import CliRunner
+
+import tpu_pipeline.convert as tc
+from tpu_pipeline.cli import cli
+from tpu_pipeline.convert import load_model
+from tpu_pipeline.convert.module.kind import ModuleKind
+from tpu_pipeline.convert.runtimes import BUILTIN_KERNELS, LitertRunner
+from tpu_pipeline.errors import ConversionError, PipelineError, UserError
+from tpu_pipeline.testing.model_files import manifest
+
+
+class ReflectPad1d(torch.nn.Module):
+    """A voice-activity-detector-like front end: reflect-padded Conv1d over audio frames. The
+    converter lowers the 1-D reflect pad with an int32 ABS v5, which the reference kernels lack."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(1, 4, 5)
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.conv(F.pad(x, (2, 2), mode="reflect")).mean(-1))
+
+
+class ReflectPad2d(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3)
+
+    def forward(self, x):
+        return self.conv(F.pad(x, (1, 1, 1, 1), mode="reflect")).mean((2, 3))
+
+
+def _pad1d():
+    torch.manual_seed(0)
+    return ReflectPad1d().eval(), (torch.randn(1, 1, 64),)
+
+
+FALLBACK = "the reference kernels lack ABS v5"
+
+
+def test_reflect_pad_1d_python_api_falls_back_and_says_so(tmp_path):
+    model, args = _pad1d()
+    r = tc.convert(model, args, targets="desktop", out=tmp_path / "out", latency=False, samples=4)
+    assert r.passed, r.targets["desktop"].errors
+    noise = r.targets["desktop"].parity["kernel_noise"]
+    assert noise["reference"] == BUILTIN_KERNELS and FALLBACK in noise["fallback"]
+    assert noise["max_abs_xnnpack_vs_reference"] < 1e-5  # two real kernel sets agree on it
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert any(n.startswith("kernel-noise check: " + FALLBACK) for n in report["notes"])
+    assert FALLBACK in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_reflect_pad_1d_cli_exits_0_with_report(tmp_path):
+    model, args = _pad1d()
+    pt2 = tmp_path / "vad.pt2"
+    torch.export.save(torch.export.export(model, args), pt2)
+    res = CliRunner().invoke(cli, ["convert", str(pt2), "--targets", "desktop", "--out", str(tmp_path / "o"),
+                                   "--no-latency", "--samples", "4"])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["passed"] and any(FALLBACK in n for n in report["notes"])
+
+
+def test_reflect_pad_2d_runs_on_the_reference_kernels(tmp_path):
+    """The 2-D reflect pad lowers to MIRROR_PAD, which the reference kernels have: no fallback."""
+    torch.manual_seed(0)
+    r = tc.convert(ReflectPad2d().eval(), (torch.randn(1, 1, 8, 8),), targets="desktop", out=tmp_path / "o",
+                   latency=False, samples=4)
+    assert r.passed
+    noise = r.targets["desktop"].parity["kernel_noise"]
+    assert noise["reference"].startswith("reference kernels") and "fallback" not in noise
+
+
+def test_runner_refusing_an_artifact_is_a_conversion_error():
+    from tpu_pipeline.convert.tflite_info import ModelInfo
+
+    with pytest.raises(ConversionError, match="ai-edge-litert cannot load the artifact"):
+        LitertRunner(b"TFL3" + bytes(60), ModelInfo(inputs=[], outputs=[], ops=[], tensors={}))
