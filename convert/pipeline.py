@@ -16,9 +16,12 @@ passed its checks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
+import os
 import tempfile
 import time
+from html import escape
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -38,7 +41,8 @@ from tpu_pipeline.convert.result import Artifact, ConvertResult, Parity, TargetR
 from tpu_pipeline.convert.snippets import write_snippet
 from tpu_pipeline.convert.targets import TargetProfile, load_profiles, resolve_targets
 from tpu_pipeline.convert.tflite_info import inspect_model
-from tpu_pipeline.errors import ConversionError, UserError
+from tpu_pipeline.convert.tool_output import first_line
+from tpu_pipeline.errors import ConversionError, PipelineError, UserError
 
 def model_kind(model_path: Path) -> type[ModelKind]:
     """The first registered kind (kinds.MODEL_KINDS, in detection_order) whose detect() holds.
@@ -55,6 +59,28 @@ def refuse_options(kind: type[ModelKind], o: ConvertOptions) -> None:
             raise UserError(f"{FLAGS.get(field, field)} {why}")
 
 
+def typed_errors(fn):
+    """The Python API raises only the project's typed errors (tpu_pipeline.errors): an exception
+    of any other type escaping a conversion stage is a bug, reported as a ConversionError that
+    names it (exit 3, its traceback chained for --debug) instead of a bare one (exit 1)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PipelineError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the backstop; each stage turns its own failures into reasons
+            raise ConversionError(f"internal error: {_why(e)} (rerun with --debug for the traceback)") from e
+
+    return wrapper
+
+
+def _why(e: BaseException) -> str:
+    return f"{type(e).__name__}: {first_line(e)}"
+
+
+@typed_errors
 def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, sample_args: Any = None, *,
             targets: str | Sequence[str] = "all", out: str | Path | None = None, calibration: Any = None,
             progress: Progress | None = None, **options: Any) -> ConvertResult:
@@ -109,6 +135,7 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
         label = str(model_path)
         kind = model_kind(model_path)
     out_dir = Path(o.out) if o.out else Path("dist") / name
+    _check_out(out_dir)
     refuse_options(kind, o)
     skipped = {p.name: why for p in profiles if (why := kind.skip_reason(p))}
     if skipped and o.targets.strip() != "all":
@@ -133,7 +160,7 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
         run = _Run(model=loaded, float_model=float_model, o=o, work=work, say=say)
         gate_prof = _gate_profile(wanted, load_profiles(o.profile_dir))
         gate = _float_gate(run, gate_prof)
-        results = [_target(prof, run, gate) for prof in wanted]
+        results = [_guarded_target(prof, run, gate) for prof in wanted]
         report = {"model": label, "kind": kind.name, **loaded.report_fields(), "warnings": warnings,
                   "export_s": export_s, "versions": _versions(), "float_export": _gate_json(gate_prof, gate),
                   "targets": {}, "skipped_targets": skipped}
@@ -147,10 +174,55 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
         report["wall_s"] = time.perf_counter() - t0
         report["passed"] = result.passed
         report["exit_code"] = result.exit_code
+        html = _html(report)
         files.atomic_write_json(stage / "report.json", report)
-        files.atomic_write_text(stage / "report.html", render_html(report))
+        files.atomic_write_text(stage / "report.html", html)
     report["out"] = str(out_dir)
     return result
+
+
+def _check_out(out_dir: Path) -> None:
+    """Bad --out, before anything is read or written: an existing file (staging would move it
+    aside), or a place no folder can be made (its nearest existing parent is a file or read-only)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} is a file, not a folder")
+    parent = out_dir.parent.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out_dir}: cannot create it ({parent} is not a writable folder)")
+
+
+def _html(report: dict) -> str:
+    """report.html; a rendering bug leaves a page that says so (report.json holds everything)."""
+    try:
+        return render_html(report)
+    except Exception as e:  # noqa: BLE001 - the report is written either way
+        report["warnings"].append(f"report.html could not be rendered ({_why(e)}); report.json holds the report")
+        return (f"<!doctype html><meta charset=utf-8><title>tpu-pipeline convert</title><p>report.html could not be "
+                f"rendered ({escape(_why(e))}); see report.json beside it.</p>")
+
+
+def _guarded_target(prof: TargetProfile, run: _Run, gate: Parity | None) -> TargetResult:
+    """_target, with any exception it lets out (a runtime, check or localization that crashed)
+    as this target's failure and its reason: the other targets still run and the report is written."""
+    try:
+        return _target(prof, run, gate)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        r = TargetResult(target=prof.name, quantization=run.model.candidates(prof)[0], runtime=prof.runtime_note)
+        return r.fail("conversion", f"internal error while checking {prof.name}: {_why(e)}")
+
+
+def _explain(run: _Run, art: Artifact, info, errors: list[str]) -> dict | None:
+    """The first diverging layer, or None; a localization that crashes adds its reason to `errors`
+    (the verdict stands: localization explains a failure, it never decides one)."""
+    try:
+        return run.model.explain_failure(art, info)
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"localization failed: {_why(e)}")
+        return None
 
 
 # ConvertOptions fields that only describe how to read a model file
@@ -219,12 +291,16 @@ def _float_gate(run: _Run, prof: TargetProfile | None) -> Parity | None:
     try:
         info = inspect_model(art.model)
         gate = run.parity(prof, "float32", art, info, clock)
-    except ConversionError:
-        return None  # the float artifact does not run at all; each target reports it below
+    except UserError:
+        raise
+    except Exception:  # noqa: BLE001 - the float artifact does not run (ConversionError) or its runtime crashed:
+        return None    # each target's own attempt reports why
     if not gate.passed and run.model.localizes:
         run.say("float32 export: parity failed; localizing the first diverging layer")
         with clock("localize"):
-            loc = run.model.explain_failure(art, info)
+            loc = _explain(run, art, info, failed := [])
+        if failed:
+            gate.figures["localize_failed"] = failed[0]
         if loc:
             gate.figures["first_divergence"] = loc
     return gate
@@ -233,7 +309,8 @@ def _float_gate(run: _Run, prof: TargetProfile | None) -> Parity | None:
 def _gate_json(prof: TargetProfile | None, gate: Parity | None) -> dict | None:
     if gate is None:
         return None
-    keep = ("passed", "reasons", "decided_by", "cosine", "max_abs", "diagnosis", "first_divergence")
+    keep = ("passed", "reasons", "decided_by", "cosine", "max_abs", "diagnosis", "first_divergence",
+            "localize_failed")
     return {"judged_as": prof.name, **{k: gate.figures[k] for k in keep if k in gate.figures}}
 
 
@@ -307,7 +384,7 @@ def _refine(prof: TargetProfile, failed: TargetResult, run: _Run) -> TargetResul
         rounds.append({"kept": pick[0], "passed": cur.passed, "cosine": (cur.parity or {}).get("cosine_mean"),
                        "size_bytes": cur.size_bytes})
         if not cur.passed and cur.failure == "parity" and run.model.localizes and cur.artifact is not None:
-            loc = run.model.explain_failure(cur.artifact, cur.info)
+            loc = _explain(run, cur.artifact, cur.info, cur.warnings)
             if loc:
                 cur.parity["first_divergence"] = loc
         if cur.passed or cur.failure != "parity":
@@ -404,6 +481,10 @@ def _attempt(prof: TargetProfile, precision: str, run: _Run, keep_float: tuple[s
             r.latency_ms = run.latency(key, art, r.info, clock)
     except ConversionError as e:
         r.fail("conversion", str(e))
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a runtime or check that crashed fails this candidate, with its reason
+        r.fail("conversion", f"{precision} on {prof.name}: {_why(e)} (in stage {clock.name or 'variant'})")
     return r
 
 
@@ -421,7 +502,7 @@ def _diagnose(r: TargetResult, run: _Run) -> None:
         if loc is None:
             run.say(f"{r.target}: parity failed; localizing the first diverging layer")
             with _Clock(r.timings_s)("localize"):
-                loc = run.model.explain_failure(r.artifact, r.info)
+                loc = _explain(run, r.artifact, r.info, r.warnings)
         if loc:
             p["first_divergence"] = loc
             fused = f" fused with {loc['fused_with']}" if loc.get("fused_with") else ""
@@ -458,8 +539,8 @@ def _firmware(prof: TargetProfile, r: TargetResult, sub: Path, say: Progress) ->
     say(f"{prof.name}: model_data.cc/.h and the TFLM arena")
     try:
         used = measure_arena(r.artifact.model, max_arena=prof.max_arena_bytes or 64 * 1024 * 1024)
-    except ConversionError as e:
-        r.warnings.append(f"no firmware files: {e}")
+    except Exception as e:  # noqa: BLE001 - a ConversionError, or TFLM's worker crashing: the artifact still passed
+        r.warnings.append(f"no firmware files: {e if isinstance(e, ConversionError) else _why(e)}")
         return
     paths = write_c_array(r.artifact.model, sub, arena_used=used, sha256=r.sha256)
     r.firmware = {"files": [p.name for p in paths], "arena_used_bytes": used,

@@ -90,3 +90,100 @@ def test_runner_refusing_an_artifact_is_a_conversion_error():
 
     with pytest.raises(ConversionError, match="ai-edge-litert cannot load the artifact"):
         LitertRunner(b"TFL3" + bytes(60), ModelInfo(inputs=[], outputs=[], ops=[], tensors={}))
+
+
+# --- a runtime, check or localization that raises: fault injection into the real pipeline -------------
+
+def _small():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 4)).eval(), (torch.randn(1, 8),)
+
+
+def test_runtime_crash_in_one_target_fails_that_target_only(tmp_path, monkeypatch):
+    real = ModuleKind.parity
+
+    def crashing(self, prof, *a, **kw):
+        if prof.name == "android":
+            raise RuntimeError("invoke() failed: planted")
+        return real(self, prof, *a, **kw)
+
+    monkeypatch.setattr(ModuleKind, "parity", crashing)
+    model, args = _small()
+    r = tc.convert(model, args, targets="desktop,android", out=tmp_path / "o", latency=False, samples=4)
+    assert r.targets["desktop"].passed
+    a = r.targets["android"]
+    assert not a.passed and a.failure == "conversion"
+    assert any("RuntimeError: invoke() failed: planted" in e for e in a.errors), a.errors
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["exit_code"] == 3 and not report["targets"]["android"]["passed"]
+
+
+def test_runtime_crash_everywhere_is_exit_3_with_a_report(tmp_path, monkeypatch):
+    def crashing(self, sample):
+        raise RuntimeError("planted interpreter crash")
+
+    monkeypatch.setattr(LitertRunner, "run", crashing)
+    model, args = _small()
+    pt2 = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(model, args), pt2)
+    res = CliRunner().invoke(cli, ["convert", str(pt2), "--targets", "desktop,android", "--out", str(tmp_path / "o"),
+                                   "--no-latency", "--samples", "4"])
+    assert res.exit_code == 3, res.output
+    assert "Traceback" not in res.output and "unexpected" not in res.output
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    for t in report["targets"].values():
+        assert not t["passed"] and any("planted interpreter crash" in e for e in t["errors"])
+
+
+def test_localization_crash_keeps_the_parity_verdict(tmp_path, monkeypatch):
+    from tpu_pipeline.testing.convert_models import PlantedMismatchCNN
+
+    def crashing(self, art, info):
+        raise IndexError("planted localization bug")
+
+    monkeypatch.setattr(ModuleKind, "explain_failure", crashing)
+    torch.manual_seed(0)
+    net = PlantedMismatchCNN().eval()
+    r = tc.convert(net, tuple(net.example_inputs()), targets="desktop", out=tmp_path / "o", latency=False,
+                   samples=4)
+    d = r.targets["desktop"]
+    assert not d.passed and d.failure == "parity"  # the mismatch is still found and still fails
+    planted = "localization failed: IndexError: planted localization bug"
+    assert r.report["float_export"]["localize_failed"] == planted  # the float32 gate's own localization
+    assert planted in d.warnings, d.warnings
+
+
+def test_report_html_crash_still_writes_the_report(tmp_path, monkeypatch):
+    from tpu_pipeline.convert import pipeline
+
+    def crashing(report):
+        raise KeyError("planted")
+
+    monkeypatch.setattr(pipeline, "render_html", crashing)
+    model, args = _small()
+    r = tc.convert(model, args, targets="desktop", out=tmp_path / "o", latency=False, samples=4)
+    assert r.passed
+    assert "could not be rendered (KeyError" in (tmp_path / "o" / "report.html").read_text()
+    assert any("report.html could not be rendered" in w
+               for w in json.loads((tmp_path / "o" / "report.json").read_text())["warnings"])
+
+
+def test_untyped_error_outside_the_targets_is_a_conversion_error(tmp_path, monkeypatch):
+    def crashing(self, *a, **kw):
+        raise KeyError("planted")
+
+    monkeypatch.setattr(ModuleKind, "prepare", crashing)
+    model, args = _small()
+    with pytest.raises(ConversionError, match=r"internal error: KeyError: 'planted'") as e:
+        tc.convert(model, args, targets="desktop", out=tmp_path / "o", latency=False, samples=4)
+    assert isinstance(e.value.__cause__, KeyError)  # --debug shows the original traceback
+    assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_out_that_is_a_file_is_refused_and_left_alone(tmp_path):
+    model, args = _small()
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    with pytest.raises(UserError, match="is a file, not a folder"):
+        tc.convert(model, args, targets="desktop", out=f, latency=False)
+    assert f.read_text() == "mine"
