@@ -89,9 +89,15 @@ class ModuleKind(ModelKind):
             calib_data, calib_source = _rows(m.calibration, m), "the manifest's calibration_inputs"
         eval_data = _read_npz(o.eval_data, m, "--eval-data") if o.eval_data else None
         samples, source, calib_data = _parity_samples(m, eval_data, calib_data, calib_source, o.samples, rng)
-        with torch.no_grad(), torch_threads():
-            ref = [[t.float().numpy() for t in flatten_outputs(m.module(*[torch.from_numpy(x) for x in s]))]
-                   for s in samples]
+        try:
+            with torch.no_grad(), torch_threads():
+                ref = [[t.float().numpy() for t in flatten_outputs(m.module(*[torch.from_numpy(x) for x in s]))]
+                       for s in samples]
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 - rows the model cannot run (token ids beyond its table, ...) are bad input
+            raise UserError(f"the model does not run on the parity rows from {source} ({type(e).__name__}: "
+                            f"{first_line(e)})") from None
         return cls(m, samples, source, calib_data, ref)
 
     def class_scores(self, k: int) -> bool:
@@ -453,10 +459,18 @@ def _read_npz(path, m: LoadedModel, flag: str) -> list[list[np.ndarray]]:
         key = name if name in keys else (f"arr_{i}" if f"arr_{i}" in keys else (keys[i] if i < len(keys) else None))
         if key is None:
             raise UserError(f"{flag} {path}: no array for input {name!r} (keys: {', '.join(keys)})")
-        arr = data[key]
+        try:
+            arr = data[key]  # a damaged member fails only here: its header, size or checksum
+        except Exception as e:  # noqa: BLE001 - ValueError, BadZipFile, OSError, tokenize errors from the header
+            raise UserError(f"{flag} {path}: array {key!r} cannot be read ({type(e).__name__}: {first_line(e)})") from None
+        if not isinstance(arr, np.ndarray):
+            raise UserError(f"{flag} {path}: member {key!r} is not a .npy array")
         if tuple(arr.shape[1:]) != tuple(a.shape[1:]):
             raise UserError(f"{flag} {path}: array {key!r} has shape {list(arr.shape)}; expected (N, {', '.join(map(str, a.shape[1:]))})")
-        arrays.append(arr.astype(str(a.dtype).replace("torch.", "")))
+        want = str(a.dtype).replace("torch.", "")
+        if arr.dtype.kind not in "biuf":  # complex, strings, records: no number to feed
+            raise UserError(f"{flag} {path}: array {key!r} holds {arr.dtype}; the input takes {want}")
+        arrays.append(arr.astype(want))
     n = min(len(a) for a in arrays)
     if n == 0:
         raise UserError(f"{flag} {path}: holds no rows")

@@ -133,8 +133,8 @@ def _sniff(path: Path) -> str:
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
             bad = z.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise UserError(f"{path} is a damaged zip archive ({e}); the file may be truncated") from None
+    except Exception as e:  # noqa: BLE001 - BadZipFile, zlib.error, NotImplementedError (compression), ...
+        raise UserError(f"{path} is a damaged zip archive ({first_line(e)}); the file may be truncated") from None
     if bad is not None:
         raise UserError(f"{path} is damaged: member {bad!r} fails its checksum; the file may be truncated")
     if any(n.endswith("archive_format") for n in names) or any("serialized_exported_program" in n or
@@ -154,9 +154,12 @@ _HF_TYPE = re.compile(rb"(transformers(?:\.[A-Za-z_][A-Za-z0-9_]*)+)\.[A-Z][A-Za
 def _register_output_types(path: Path) -> None:
     """Imports the transformers modules whose output classes the archive references. Only
     modules inside the `transformers` package are imported (nothing the file names elsewhere)."""
-    with zipfile.ZipFile(path) as z:
-        modules = {m.decode() for n in z.namelist() if n.endswith(".json")
-                   for m in _HF_TYPE.findall(z.read(n))}
+    try:
+        with zipfile.ZipFile(path) as z:
+            modules = {m.decode("ascii", "replace") for n in z.namelist() if n.endswith(".json")
+                       for m in _HF_TYPE.findall(z.read(n))}
+    except Exception as e:  # noqa: BLE001 - _sniff read it whole; a member that still fails is damage
+        raise UserError(f"{path}: cannot read the torch.export archive ({first_line(e)})") from None
     for mod in sorted(modules):
         try:
             importlib.import_module(mod)  # heavy: transformers, only for archives that reference it
@@ -177,7 +180,11 @@ def _load_export_archive(path: Path, input_shapes) -> LoadedModel:
     else:
         raise UserError(f"{path}: the archive holds no example inputs; pass --input-shape for each input")
     names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    return LoadedModel(module=ep.module(), sample_args=args, source_format="torch.export archive",
+    try:
+        module = ep.module()
+    except Exception as e:  # noqa: BLE001 - a graph that decoded but cannot be rebuilt is a damaged archive
+        raise UserError(f"{path}: cannot rebuild the torch.export program ({first_line(e)})") from None
+    return LoadedModel(module=module, sample_args=args, source_format="torch.export archive",
                        input_names=names or [f"input_{i}" for i in range(len(args))])
 
 
@@ -191,8 +198,9 @@ def _torch_load(path: Path, trust_pickle: bool):
                 "Unpickling them runs code from the file, so it is refused by default. Save a state_dict and "
                 "pass --model-class pkg.module:Class, or, if you trust the file, pass --trust-pickle "
                 f"(weights-only load said: {first_line(e)})") from None
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        raise UserError(f"{path}: cannot read it as a PyTorch file ({first_line(e)}); it may be truncated or not a model") from None
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways (RuntimeError, EOFError, struct.error, ...)
+        raise UserError(f"{path}: cannot read it as a PyTorch file ({type(e).__name__}: {first_line(e)}); "
+                        "it may be truncated or not a model") from None
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001
@@ -222,26 +230,52 @@ def _load_torch_save(path: Path, input_shapes, model_class, model_kwargs, trust_
 
 
 def _from_exported(ep, input_shapes) -> LoadedModel:
+    if not input_shapes and not (ep.example_inputs and ep.example_inputs[0]):
+        raise UserError("the torch.export program holds no example inputs; pass --input-shape for each input")
     args = (tuple(_random_input(*parse_input_shape(s)) for s in input_shapes) if input_shapes
             else tuple(ep.example_inputs[0]))
     return LoadedModel(module=ep.module(), sample_args=args, source_format="torch.export program",
                        input_names=[f"input_{i}" for i in range(len(args))])
 
 
+# Modules a manifest may name without --model-class: the project's own model classes. Any other
+# tpu_pipeline module could run code when imported (tpu_pipeline.__main__ starts the CLI) or name
+# a function that writes files; the class must also be an nn.Module (checked in _build).
+MANIFEST_MODULES = ("tpu_pipeline.train.models.", "tpu_pipeline.testing.")
+
+
+def _field(m: dict, key: str, types: tuple[type, ...], path: Path, what: str):
+    """A manifest field, None when absent, else of one of `types` (UserError naming it otherwise)."""
+    v = m.get(key)
+    if v is not None and not isinstance(v, types):
+        raise UserError(f"{path}: manifest field {key!r} must be {what}, not {type(v).__name__}")
+    return v
+
+
 def _from_manifest(m: dict, path: Path, input_shapes, model_class, model_kwargs) -> LoadedModel:
-    cls_path = model_class or m.get("model_class", "")
-    if not model_class and not str(cls_path).startswith("tpu_pipeline."):
-        raise UserError(f"{path}: manifest names model_class {cls_path!r} outside tpu_pipeline; importing it runs "
-                        "its code, so pass it explicitly with --model-class if you trust it")
-    kwargs = _kwargs(model_kwargs) if model_kwargs else dict(m.get("model_kwargs") or {})
+    cls_path = model_class or _field(m, "model_class", (str,), path, "a string pkg.module:Class") or ""
+    if not model_class and not cls_path.startswith(MANIFEST_MODULES):
+        raise UserError(f"{path}: manifest names model_class {cls_path!r} outside tpu_pipeline's model modules "
+                        f"({', '.join(p + '*' for p in MANIFEST_MODULES)}); importing it runs its code, so pass it "
+                        "explicitly with --model-class if you trust it")
+    kwargs = _kwargs(model_kwargs) if model_kwargs else dict(_field(m, "model_kwargs", (dict,), path, "an object") or {})
+    if not all(isinstance(k, str) for k in kwargs):
+        raise UserError(f"{path}: manifest field 'model_kwargs' must have string keys")
     module = _build(cls_path, kwargs, path)
-    notes = _load_state(module, m.get("state_dict") or {}, path)
+    notes = _load_state(module, _field(m, "state_dict", (dict,), path, "a dict of tensors") or {}, path)
     if input_shapes:
         args = tuple(_random_input(*parse_input_shape(s)) for s in input_shapes)
     else:
-        args = tuple(t.cpu() for t in m.get("example_inputs") or ())
+        examples = _field(m, "example_inputs", (list, tuple), path, "a list of tensors") or ()
+        if not all(isinstance(t, torch.Tensor) for t in examples):
+            raise UserError(f"{path}: manifest field 'example_inputs' must hold tensors only")
+        args = tuple(t.cpu() for t in examples)
         if not args:
             args = _shapes_or_example(module, input_shapes, path)
+    for key in ("input_names", "output_names"):
+        if not all(isinstance(n, str) for n in _field(m, key, (list, tuple), path, "a list of strings") or ()):
+            raise UserError(f"{path}: manifest field {key!r} must be a list of strings")
+    _field(m, "task", (str,), path, "a string")
     names = list(m.get("input_names") or [f"input_{i}" for i in range(len(args))])
     calib = m.get("calibration_inputs")
     if calib is not None and (not isinstance(calib, (list, tuple)) or len(calib) != len(args) or not all(
@@ -266,7 +300,7 @@ def _load_hf_folder(path: Path, input_shapes, seq_len) -> LoadedModel:
     except Exception as e:  # noqa: BLE001
         raise UserError(f"{path}: cannot load it as a Hugging Face causal LM ({first_line(e)})") from None
     model.config.use_cache = False
-    vocab = int(cfg.get("vocab_size") or model.config.vocab_size)
+    vocab = int((cfg.get("vocab_size") if isinstance(cfg, dict) else None) or model.config.vocab_size)
     shape = parse_input_shape(input_shapes[0])[0] if input_shapes else (1, seq_len)
     ids = torch.randint(0, vocab, shape, dtype=torch.int64)
     return LoadedModel(module=_LogitsOnly(model), sample_args=(ids,), source_format="Hugging Face causal-LM folder",
@@ -307,22 +341,27 @@ def _build(spec: str, kwargs: dict, path: Path) -> nn.Module:
         sys.path.append(str(Path.cwd()))  # classes next to the user's files import like scripts do
     try:
         cls = getattr(importlib.import_module(mod_name), cls_name)
-    except (ImportError, AttributeError) as e:
-        raise UserError(f"cannot import model class {spec!r} ({first_line(e)})") from None
+    except Exception as e:  # noqa: BLE001 - ImportError, AttributeError, or the module failing as it loads
+        raise UserError(f"cannot import model class {spec!r} ({type(e).__name__}: {first_line(e)})") from None
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise UserError(f"model class {spec!r} is not an nn.Module subclass")
     try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise UserError(f"{spec}({', '.join(kwargs)}): {first_line(e)}") from None
+        module = cls(**kwargs)
+    except Exception as e:  # noqa: BLE001 - the class's own constructor refusing its kwargs (TypeError, ValueError, ...)
+        raise UserError(f"{spec}({', '.join(kwargs)}): {type(e).__name__}: {first_line(e)}") from None
+    return module
 
 
 def _load_state(module: nn.Module, state: dict, path: Path) -> list[str]:
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise UserError(f"{path}: the state_dict must map parameter names to tensors")
     saved = sorted({str(v.dtype).replace("torch.", "") for v in state.values()
                     if isinstance(v, torch.Tensor) and v.is_floating_point()} - {"float32"})
     devices = sorted({str(v.device) for v in state.values() if isinstance(v, torch.Tensor)} - {"cpu"})
     state = {k: (v.float() if v.is_floating_point() else v).cpu() for k, v in state.items()}
     try:
         module.load_state_dict(state, strict=True)
-    except RuntimeError as e:
+    except Exception as e:  # noqa: BLE001 - RuntimeError (names, shapes), or a tensor that cannot be copied in
         raise UserError(f"{path}: weights do not fit {type(module).__name__}: {first_line(e)}") from None
     notes = [f"weights were saved as {', '.join(saved)}; cast to float32 before export"] if saved else []
     return notes + ([f"weights were on {', '.join(devices)}; loaded on cpu"] if devices else [])

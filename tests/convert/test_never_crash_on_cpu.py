@@ -187,3 +187,108 @@ def test_out_that_is_a_file_is_refused_and_left_alone(tmp_path):
     with pytest.raises(UserError, match="is a file, not a folder"):
         tc.convert(model, args, targets="desktop", out=f, latency=False)
     assert f.read_text() == "mine"
+
+
+# --- loaders and data files: what the fuzzer found, one test each ---------------------------------------
+
+def _manifest_with(tmp_path, **fields):
+    p = manifest("DepthwiseCNN", tmp_path / "model.pt")
+    m = torch.load(p, weights_only=True)
+    m.update(fields)
+    torch.save(m, p)
+    return p
+
+
+@pytest.mark.parametrize("cls", ["tpu_pipeline.__main__:main",          # importing it starts the CLI
+                                 "tpu_pipeline.files:atomic_write_text"])  # calling it writes a file
+def test_manifest_class_outside_the_model_modules_is_refused(tmp_path, cls):
+    with pytest.raises(UserError, match="outside tpu_pipeline's model modules"):
+        load_model(_manifest_with(tmp_path, model_class=cls, model_kwargs={"path": str(tmp_path / "x"), "text": ""}))
+    assert not (tmp_path / "x").exists()
+
+
+def test_manifest_class_that_is_not_a_module_is_never_called(tmp_path):
+    with pytest.raises(UserError, match="not an nn.Module subclass"):
+        load_model(_manifest_with(tmp_path, model_class="tpu_pipeline.testing.model_files:Touch",
+                                  model_kwargs={"target": str(tmp_path / "touched")}))
+    assert not (tmp_path / "touched").exists()
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("model_kwargs", [1, 2], "'model_kwargs' must be an object"),
+    ("state_dict", {"blocks.0.weight": "not a tensor"}, "must map parameter names to tensors"),
+    ("state_dict", [torch.zeros(1)], "'state_dict' must be a dict"),
+    ("example_inputs", [1.5], "'example_inputs' must hold tensors"),
+    ("input_names", 7, "'input_names' must be a list of strings"),
+    ("model_class", 3, "'model_class' must be a string"),
+])
+def test_manifest_fields_of_the_wrong_type_are_bad_input(tmp_path, field, value, match):
+    with pytest.raises(UserError, match=match):
+        load_model(_manifest_with(tmp_path, **{field: value}))
+
+
+def test_model_class_constructor_errors_are_bad_input(tmp_path):
+    torch.save(torch.nn.Linear(2, 2).state_dict(), tmp_path / "sd.pt")
+    with pytest.raises(UserError, match=r"negative dimension"):
+        load_model(tmp_path / "sd.pt", model_class="tpu_pipeline.testing.reference_models:DepthwiseCNN",
+                   model_kwargs='{"width": -1}')  # nn.Conv2d raises a RuntimeError
+
+
+def _npz_member(tmp_path, name, body: bytes):
+    p = tmp_path / "rows.npz"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr(name, body)
+    return p
+
+
+def _rows_npy(arr) -> bytes:
+    import io
+
+    b = io.BytesIO()
+    np.save(b, arr)
+    return b.getvalue()
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda t: _npz_member(t, "x", b"not an npy array"), "is not a .npy array"),
+    (lambda t: _npz_member(t, "x.npy", _rows_npy(np.zeros((4, 1, 8, 8), np.float32))[:-24]), "cannot be read"),
+    (lambda t: _npz_member(t, "x.npy", _rows_npy(np.zeros((4, 1, 8, 8), np.complex64))), "holds complex64"),
+    (lambda t: _npz_member(t, "x.npy", b"\x93NUMPY\x01\x00\x10\x00{'descr': '<f4',   \n"), "cannot be read"),
+])
+@pytest.mark.parametrize("flag", ["calib", "eval_data"])
+def test_damaged_npz_is_bad_input(tmp_path, make, match, flag):
+    from tpu_pipeline.testing.reference_models import DepthwiseCNN
+
+    torch.manual_seed(0)
+    net = DepthwiseCNN().eval()
+    with pytest.raises(UserError, match=match):
+        tc.convert(net, tuple(net.example_inputs()), targets="desktop", out=tmp_path / "o", latency=False,
+                   **{flag: make(tmp_path)})
+    assert not (tmp_path / "o").exists()
+
+
+def test_eval_rows_the_model_cannot_run_are_bad_input(tmp_path):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Flatten(), torch.nn.Linear(12, 2)).eval()
+    np.savez(tmp_path / "ids.npz", ids=np.full((3, 3), 99, np.int64))  # beyond the 10-row table
+    with pytest.raises(UserError, match="does not run on the parity rows from --eval-data"):
+        tc.convert(net, (torch.zeros(1, 3, dtype=torch.int64),), targets="desktop", out=tmp_path / "o",
+                   latency=False, eval_data=tmp_path / "ids.npz")
+
+
+def test_the_api_raises_only_typed_errors_on_damaged_files(tmp_path):
+    """Truncations of every seed form through the Python API: each a UserError, nothing written."""
+    from tpu_pipeline.testing.fuzz_inputs import build_seeds
+
+    seeds, _ = build_seeds(tmp_path / "seeds")
+    for s in seeds.values():
+        if s.npz_flag:
+            continue
+        for cut in (1, 7, len(s.data) // 2, len(s.data) - 1):
+            p = tmp_path / f"{s.name}-{cut}{s.suffix}"
+            p.write_bytes(s.data[:cut])
+            with pytest.raises(PipelineError) as e:
+                tc.convert(p, targets="desktop", out=tmp_path / "o", latency=False,
+                           model_class=s.args[1] if s.args else None)
+            assert type(e.value) is UserError, (s.name, cut, e.value)
+            assert not (tmp_path / "o").exists()
