@@ -24,7 +24,7 @@ from torch import nn
 
 from tpu_pipeline.convert.module.embedding_rows import embedding_rows
 from tpu_pipeline.convert.tool_output import first_line
-from tpu_pipeline.errors import UserError
+from tpu_pipeline.errors import PipelineError, UserError
 
 MANIFEST_FORMAT = "tpu-pipeline/model@1"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -69,7 +69,19 @@ def _random_input(shape, dtype, high: int = 16) -> torch.Tensor:
 
 def load_model(path: str | Path, *, input_shapes: list[str] = (), model_class: str | None = None,
                model_kwargs: str | None = None, trust_pickle: bool = False, seq_len: int = 16) -> LoadedModel:
+    """MODEL -> LoadedModel; raises only UserError (tpu_pipeline.errors): a file this loader fails
+    on in a way no branch below names is still a file it cannot read, said in one line with the
+    original exception chained (--debug shows it)."""
     path = Path(path)
+    try:
+        return _load_model(path, input_shapes, model_class, model_kwargs, trust_pickle, seq_len)
+    except PipelineError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the backstop behind the named cases
+        raise UserError(f"{path}: cannot load it ({type(e).__name__}: {first_line(e)})") from e
+
+
+def _load_model(path: Path, input_shapes, model_class, model_kwargs, trust_pickle, seq_len) -> LoadedModel:
     if not path.exists():
         raise UserError(f"model not found: {path}")
     if path.is_dir():

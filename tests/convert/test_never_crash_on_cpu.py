@@ -292,3 +292,19 @@ def test_the_api_raises_only_typed_errors_on_damaged_files(tmp_path):
                            model_class=s.args[1] if s.args else None)
             assert type(e.value) is UserError, (s.name, cut, e.value)
             assert not (tmp_path / "o").exists()
+
+
+def test_load_model_backstop_is_a_user_error(tmp_path, monkeypatch):
+    """A failure no branch of the loader names (planted in the zip sniffing) is still one line."""
+    import struct
+
+    from tpu_pipeline.convert.module import loaders
+
+    def crashing(path):
+        raise struct.error("planted")
+
+    monkeypatch.setattr(loaders, "_sniff", crashing)
+    p = manifest("DepthwiseCNN", tmp_path / "model.pt")
+    with pytest.raises(UserError, match=r"cannot load it \(error: planted\)") as e:
+        load_model(p)
+    assert isinstance(e.value.__cause__, struct.error)
