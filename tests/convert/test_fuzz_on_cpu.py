@@ -26,6 +26,7 @@ def _check(o: F.Outcome, allowed: set[int]) -> None:
     assert o.exit_code in allowed, o.exit_code
     assert not o.outside, o.outside
     assert not o.pickle_ran, "the malicious pickle ran without --trust-pickle"
+    assert not o.backstop, "typed only by a catch-all: a case the loader should name"
 
 
 FUZZ = settings(max_examples=120, derandomize=True, deadline=None, database=None, phases=["generate", "shrink"],

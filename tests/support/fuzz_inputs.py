@@ -180,6 +180,11 @@ class Outcome:
     traceback: str | None     # an untyped exception's traceback or one printed on the CLI
     outside: list[str]        # files left in the sandbox outside --out
     pickle_ran: bool          # the malicious pickle's marker appeared
+    backstop: bool = False    # typed only by a catch-all (load_model's "cannot load it", convert's "internal error"):
+                              # a case no branch names, which the fuzz counts as a finding too
+
+
+BACKSTOPS = ("cannot load it (", "internal error:")
 
 
 @contextlib.contextmanager
@@ -243,7 +248,8 @@ def run_cli(seed: Seed, data: bytes, root: Path, manifest_path: Path) -> Outcome
             tb = "".join(traceback.format_exception(res.exception))
         elif "Traceback" in res.output:
             tb = res.output
-        return Outcome(res.exit_code, tb, _left(box, {inp.name, "out"}), (box / PWNED).exists())
+        return Outcome(res.exit_code, tb, _left(box, {inp.name, "out"}), (box / PWNED).exists(),
+                       any(b in res.output for b in BACKSTOPS))
 
 
 def run_loader(seed: Seed, data: bytes, root: Path, manifest_path: Path) -> Outcome:
@@ -257,7 +263,7 @@ def run_loader(seed: Seed, data: bytes, root: Path, manifest_path: Path) -> Outc
     with sandbox(root) as box:
         inp = box / f"input{seed.suffix}"
         inp.write_bytes(data)
-        code, tb = 0, None
+        code, tb, msg = 0, None, ""
         try:
             if seed.npz_flag:
                 flag = {"--calib": "calib", "--eval-data": "eval_data"}[seed.npz_flag]
@@ -266,7 +272,7 @@ def run_loader(seed: Seed, data: bytes, root: Path, manifest_path: Path) -> Outc
             else:
                 load_model(inp, model_class=MANIFEST_CLASS if seed.args else None)
         except PipelineError as e:
-            code = e.exit_code
+            code, msg = e.exit_code, str(e)
         except Exception as e:  # noqa: BLE001 - what the fuzzer looks for
             code, tb = 1, "".join(traceback.format_exception(e))
-        return Outcome(code, tb, _left(box, {inp.name}), (box / PWNED).exists())
+        return Outcome(code, tb, _left(box, {inp.name}), (box / PWNED).exists(), any(b in msg for b in BACKSTOPS))
