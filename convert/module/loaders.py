@@ -9,9 +9,12 @@ user passed --trust-pickle.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
+import logging
+import os
 import pickle
 import re
 import sys
@@ -96,7 +99,7 @@ def _load_model(path: Path, input_shapes, model_class, model_kwargs, trust_pickl
                 "model: torch.export.save(torch.export.export(model, example_args), 'model.pt2'), then "
                 "`tpu-pipeline convert model.pt2`")
         if kind == "export":
-            loaded = _load_export_archive(path, input_shapes)
+            loaded = _load_export_archive(path, input_shapes, trust_pickle)
         else:
             loaded = _load_torch_save(path, input_shapes, model_class, model_kwargs, trust_pickle)
     return _finish(loaded)
@@ -179,12 +182,40 @@ def _register_output_types(path: Path) -> None:
             pass  # torch.export.load below names what is still missing
 
 
-def _load_export_archive(path: Path, input_shapes) -> LoadedModel:
+@contextlib.contextmanager
+def _export_load_guard(trust_pickle: bool):
+    """torch.export.load retries a member that fails its weights-only load with a full unpickle
+    (torch/_export/serde/serialize.py: deserialize_torch_artifact), so a .pt2 can run code from
+    the file. Without --trust-pickle, TORCH_FORCE_WEIGHTS_ONLY_LOAD makes that retry weights-only
+    too. torch.export also logs each failed decode with its traceback: silenced, the one-line
+    UserError says it."""
+    old = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    if not trust_pickle:
+        os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    loggers = [logging.getLogger(n) for n in ("torch.export", "torch._export.serde.serialize")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+        if old is None:
+            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = old
+
+
+def _load_export_archive(path: Path, input_shapes, trust_pickle: bool = False) -> LoadedModel:
     _register_output_types(path)
     try:
-        ep = torch.export.load(str(path))
+        with _export_load_guard(trust_pickle):
+            ep = torch.export.load(str(path))
     except Exception as e:  # noqa: BLE001 - any decode failure is bad input
-        raise UserError(f"{path}: cannot read the torch.export archive ({first_line(e)})") from None
+        hint = "" if trust_pickle else "; a member that holds pickled objects beyond tensors needs --trust-pickle"
+        why = re.sub(r"\x1b\[[0-9;]*m", "", first_line(e))  # torch's message carries terminal bold codes
+        raise UserError(f"{path}: cannot read the torch.export archive ({why}{hint})") from None
     if input_shapes:
         args = tuple(_random_input(*parse_input_shape(s)) for s in input_shapes)
     elif ep.example_inputs is not None and ep.example_inputs[0]:

@@ -308,3 +308,17 @@ def test_load_model_backstop_is_a_user_error(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"cannot load it \(error: planted\)") as e:
         load_model(p)
     assert isinstance(e.value.__cause__, struct.error)
+
+
+def test_pt2_with_a_pickle_inside_never_runs_it(tmp_path, monkeypatch):
+    """torch.export.load retries a member that fails its weights-only load with a full unpickle:
+    without --trust-pickle that retry stays weights-only, so the file's code never runs."""
+    from tpu_pipeline.testing.fuzz_inputs import PWNED, build_seeds
+
+    build_seeds(tmp_path / "seeds")
+    monkeypatch.chdir(tmp_path)  # the pickle writes PWNED into the cwd
+    with pytest.raises(UserError, match="needs --trust-pickle"):
+        load_model(tmp_path / "seeds" / "evil.pt2")
+    assert not (tmp_path / PWNED).exists()
+    res = CliRunner().invoke(cli, ["convert", str(tmp_path / "seeds" / "evil.pt2"), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "Traceback" not in res.output and not (tmp_path / PWNED).exists()

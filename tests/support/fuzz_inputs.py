@@ -18,6 +18,7 @@ import dataclasses
 import io
 import os
 import shutil
+import sys
 import tempfile
 import traceback
 import zipfile
@@ -66,12 +67,21 @@ def build_seeds(folder: Path) -> tuple[dict[str, Seed], Path]:
     torch.save(DepthwiseCNN().state_dict(), folder / "state.pt")
     # the sandbox-relative marker: unpickling this file creates PWNED in the input's cwd
     torch.save({"weights": Touch(PWNED)}, folder / "evil.pt")
+    # a .pt2 whose sample inputs are that pickle: torch.export.load retries a failed weights-only
+    # load with a full unpickle unless told otherwise
+    evil = io.BytesIO()
+    torch.save((Touch(PWNED),), evil)
+    with zipfile.ZipFile(folder / "m.pt2") as src, zipfile.ZipFile(folder / "evil.pt2", "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, evil.getvalue() if info.filename.endswith("sample_inputs/model.pt")
+                         else src.read(info))
     np.savez(folder / "rows.npz", x=np.random.default_rng(0).standard_normal((4, 1, 8, 8)).astype(np.float32))
     seeds = {
         "pt2": Seed("pt2", (folder / "m.pt2").read_bytes(), ".pt2"),
         "manifest": Seed("manifest", man.read_bytes(), ".pt"),
         "state_dict": Seed("state_dict", (folder / "state.pt").read_bytes(), ".pt", ("--model-class", MANIFEST_CLASS)),
         "pickle": Seed("pickle", (folder / "evil.pt").read_bytes(), ".pt"),
+        "pickle_pt2": Seed("pickle_pt2", (folder / "evil.pt2").read_bytes(), ".pt2"),
         "calib_npz": Seed("calib_npz", (folder / "rows.npz").read_bytes(), ".npz", npz_flag="--calib"),
         "eval_npz": Seed("eval_npz", (folder / "rows.npz").read_bytes(), ".npz", npz_flag="--eval-data"),
     }
@@ -189,15 +199,24 @@ BACKSTOPS = ("cannot load it (", "internal error:")
 
 @contextlib.contextmanager
 def sandbox(root: Path) -> Iterator[Path]:
-    """A fresh cwd and TMPDIR for one input; restored afterwards."""
+    """A fresh cwd and TMPDIR for one input, and its file descriptor 2 captured in root/stderr
+    (what a library logs to the real stderr, which CliRunner does not see); restored afterwards."""
     box = Path(tempfile.mkdtemp(prefix="in-", dir=root))
     (box / "tmp").mkdir()
     old_cwd, old_tmp, old_env = Path.cwd(), tempfile.tempdir, os.environ.get("TMPDIR")
     os.chdir(box)
     tempfile.tempdir, os.environ["TMPDIR"] = str(box / "tmp"), str(box / "tmp")
+    sys.stderr.flush()
+    saved_fd2 = os.dup(2)
+    err = open(root / "stderr", "w+b")
+    os.dup2(err.fileno(), 2)
     try:
         yield box
     finally:
+        sys.stderr.flush()
+        os.dup2(saved_fd2, 2)
+        os.close(saved_fd2)
+        err.close()
         os.chdir(old_cwd)
         tempfile.tempdir = old_tmp
         if old_env is None:
@@ -248,8 +267,8 @@ def run_cli(seed: Seed, data: bytes, root: Path, manifest_path: Path) -> Outcome
             tb = "".join(traceback.format_exception(res.exception))
         elif "Traceback" in res.output:
             tb = res.output
-        return Outcome(res.exit_code, tb, _left(box, {inp.name, "out"}), (box / PWNED).exists(),
-                       any(b in res.output for b in BACKSTOPS))
+        return _stderr_traceback(root, Outcome(res.exit_code, tb, _left(box, {inp.name, "out"}),
+                                               (box / PWNED).exists(), any(b in res.output for b in BACKSTOPS)))
 
 
 def run_loader(seed: Seed, data: bytes, root: Path, manifest_path: Path) -> Outcome:
@@ -275,4 +294,13 @@ def run_loader(seed: Seed, data: bytes, root: Path, manifest_path: Path) -> Outc
             code, msg = e.exit_code, str(e)
         except Exception as e:  # noqa: BLE001 - what the fuzzer looks for
             code, tb = 1, "".join(traceback.format_exception(e))
-        return Outcome(code, tb, _left(box, {inp.name}), (box / PWNED).exists(), any(b in msg for b in BACKSTOPS))
+        return _stderr_traceback(root, Outcome(code, tb, _left(box, {inp.name}), (box / PWNED).exists(),
+                                               any(b in msg for b in BACKSTOPS)))
+
+
+def _stderr_traceback(root: Path, o: Outcome) -> Outcome:
+    """A traceback a library printed to the real stderr (torch.export logs failed decodes with one)."""
+    text = (root / "stderr").read_text(errors="replace")
+    if o.traceback is None and "Traceback" in text:
+        o.traceback = "on stderr:\n" + text[-3000:]
+    return o
