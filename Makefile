@@ -19,12 +19,15 @@ $(WEB_STAMP): $(WEB)/package.json $(WEB)/package-lock.json
 	cd $(WEB) && npm ci --no-audit --no-fund
 	touch $(WEB_STAMP)
 
-# Debian's Chromium runs that page headless. Without root or apt the browser
-# parity tests skip and say why; nothing else depends on it.
+# Debian's Chromium runs that page headless; Debian's Vulkan loader (libvulkan1) lets
+# LiteRT's GPU accelerator reach Chromium's SwiftShader Vulkan driver. Without root or
+# apt the browser parity tests skip and the GPU checks report why they did not run
+# (never a pass); nothing else depends on them.
 browser: $(WEB_STAMP)
-	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
-	  echo "chromium could not be installed: browser parity will be skipped"
+	@{ command -v chromium >/dev/null 2>&1 && { ldconfig -p 2>/dev/null || /sbin/ldconfig -p; } | grep -q 'libvulkan\.so\.1 '; } || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium libvulkan1 >/dev/null) ; } || \
+	  echo "chromium or libvulkan1 could not be installed: browser parity will be skipped, the GPU checks say why they did not run"
 
 install: $(STAMP) browser
 

@@ -1,7 +1,10 @@
 """Runs a .tflite artifact in a real browser: LiteRT.js in headless Chromium.
 
-The page in `web/` loads the model with @litertjs/core (wasm, XNNPACK) and
-posts its outputs back to the small HTTP server here. The web target's
+The page in `web/` loads the model with @litertjs/core (wasm/XNNPACK, or its
+WebGPU backend, which web apps pick for speed) and posts its outputs back to
+the small HTTP server here. WebGPU runs on Chromium's SwiftShader (Vulkan on
+the CPU) on a host without a GPU: float32 arithmetic, so it checks the WebGPU
+kernels and their coverage, not a phone GPU's float16 numerics. The web target's
 parity uses this when a Chromium and the npm package are present; callers
 decide what to do when `browser_unavailable()` gives a reason.
 
@@ -35,6 +38,12 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrom
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage")
+# WebGPU on a headless host without a GPU: Dawn over Chromium's SwiftShader (Vulkan on the CPU).
+# Checked 2026-12-01 with Debian's chromium 156: --disable-gpu dropped and --enable-unsafe-webgpu
+# given, requestAdapter() finds SwiftShader; without the flag it gives no adapter. The adapter
+# flag pins SwiftShader where a real GPU is also present, so results do not depend on the host.
+WEBGPU_FLAGS = ("--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader")
+ACCELERATORS = ("wasm", "webgpu")
 DTYPES = {"float32": np.float32, "int32": np.int32, "uint8": np.uint8}
 
 
@@ -60,19 +69,36 @@ def browser_unavailable() -> str | None:
 
 def run_litertjs(model: bytes | str | Path, samples: list[list[np.ndarray]], *, input_names: list[str] | None = None,
                  output_names: list[str] | None = None, timeout: float = 120.0) -> list[list[np.ndarray]]:
-    """Runs each sample in headless Chromium. Inputs are given, and outputs
+    """Runs each sample in headless Chromium (wasm). Inputs are given, and outputs
     returned, in the order of `input_names`/`output_names` (the signature's
     keys) when given, else in the model's tensor order."""
+    return run_litertjs_on("wasm", model, samples, input_names=input_names, output_names=output_names,
+                           timeout=timeout)[0]
+
+
+def run_litertjs_on(accelerator: str, model: bytes | str | Path, samples: list[list[np.ndarray]], *,
+                    input_names: list[str] | None = None, output_names: list[str] | None = None,
+                    timeout: float = 120.0) -> tuple[list[list[np.ndarray]], dict]:
+    """run_litertjs on LiteRT.js's `accelerator` ("wasm" or "webgpu") -> (outputs per sample,
+    what ran: {"accelerator", "fully_accelerated", "adapter"}). The accelerator is the one the
+    page compiled for, which LiteRT.js may have replaced with wasm (it does so unasked for a
+    webgpu model that is not fully accelerated): callers compare it with the one they asked for.
+    A WebGPU that cannot start raises ConversionError naming why."""
+    if accelerator not in ACCELERATORS:
+        raise ValueError(f"accelerator {accelerator!r}: one of {', '.join(ACCELERATORS)}")
     names = input_names or [None] * len(samples[0])
-    job = {"samples": [[_encode(a, n) for a, n in zip(sample, names)] for sample in samples]}
+    job = {"accelerator": accelerator,
+           "samples": [[_encode(a, n) for a, n in zip(sample, names)] for sample in samples]}
     result = _run_job(model, job, timeout)
+    ran = {"accelerator": result.get("accelerator"), "fully_accelerated": result.get("fullyAccelerated"),
+           "adapter": result.get("adapter")}
     rows = [{t["name"]: _decode(t) for t in row} for row in result["samples"]]
     if output_names:
         missing = set(output_names) - set(rows[0])
         if missing:
             raise ConversionError(f"LiteRT.js returned outputs {sorted(rows[0])}, not {sorted(missing)}")
-        return [[row[n] for n in output_names] for row in rows]
-    return [list(row.values()) for row in rows]
+        return [[row[n] for n in output_names] for row in rows], ran
+    return [list(row.values()) for row in rows], ran
 
 
 def generate_litertjs(model: bytes | str | Path, lm_meta: dict, prompts: list[list[int]], max_new_tokens: int,
@@ -108,13 +134,13 @@ def _run_job(model: bytes | str | Path, job: dict, timeout: float) -> dict:
         os.symlink(litertjs_dir(), site / "node_modules")
         (site / "model.tflite").write_bytes(model_bytes)
         (site / "job.json").write_text(json.dumps({"model": "model.tflite", **job}))
-        result = _serve_and_wait(site, Path(tmp) / "profile", timeout)
+        result = _serve_and_wait(site, Path(tmp) / "profile", timeout, job.get("accelerator", "wasm"))
     if not result.get("ok"):
         raise ConversionError(f"LiteRT.js failed in the browser: {result.get('error', 'no result').splitlines()[0]}")
     return result
 
 
-def _serve_and_wait(site: Path, profile: Path, timeout: float) -> dict:
+def _serve_and_wait(site: Path, profile: Path, timeout: float, accelerator: str = "wasm") -> dict:
     done = threading.Event()
     box: dict = {}
 
@@ -137,7 +163,9 @@ def _serve_and_wait(site: Path, profile: Path, timeout: float) -> dict:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}/index.html"
-    proc = subprocess.Popen([chromium_path(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", url],
+    flags = CHROMIUM_FLAGS if accelerator == "wasm" else (
+        *(f for f in CHROMIUM_FLAGS if f != "--disable-gpu"), *WEBGPU_FLAGS)
+    proc = subprocess.Popen([chromium_path(), *flags, f"--user-data-dir={profile}", url],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         if not done.wait(timeout):

@@ -254,7 +254,7 @@ class _Run:
         return self.variants[precision]
 
     def parity(self, prof: TargetProfile, precision: str, art: Artifact, info, clock: _Clock) -> Parity:
-        key = (prof.name, prof.browser_parity, precision)
+        key = (prof.name, prof.browser_parity, prof.gpu_accelerator, precision)
         if key not in self.parities:
             with clock("parity"):
                 self.parities[key] = self.model.parity(prof, art, info, self.o, self.work / prof.name / precision,
@@ -321,9 +321,12 @@ def _target(prof: TargetProfile, run: _Run, gate: Parity | None) -> TargetResult
     if gate is not None and not gate.passed:
         return _gated(prof, run, gate)
     precisions = run.model.candidates(prof)
-    # The browser run (Chromium) is the slow part of web parity: candidates are ranked on
-    # XNNPACK first, and only the ranked winner must also pass in the browser.
-    quick = dataclasses.replace(prof, browser_parity=False) if prof.browser_parity and len(precisions) > 1 else prof
+    # The browser run (Chromium) and the GPU accelerator (shaders compiled on SwiftShader, seconds)
+    # are the slow parts of parity: candidates are ranked on XNNPACK first, and only the ranked
+    # winner must also pass in the browser and on the accelerator.
+    slow = prof.browser_parity or prof.gpu_accelerator != "off"
+    quick = (dataclasses.replace(prof, browser_parity=False, gpu_accelerator="off") if slow and len(precisions) > 1
+             else prof)
     tries = [_attempt(quick, precision, run) for precision in precisions]
     winner, why = _choose(tries)
     while quick is not prof and winner.passed:
@@ -441,7 +444,7 @@ def _gated(prof: TargetProfile, run: _Run, gate: Parity) -> TargetResult:
     where = f"; first diverging layer: {loc['module']}" if loc else ""
     msg = f"conversion error: the float32 export does not match PyTorch ({why}{where}); every target derives from it"
     precision = run.model.candidates(prof)[0]
-    if (prof.name, prof.browser_parity, "float32") in run.parities and precision == "float32":
+    if (prof.name, prof.browser_parity, prof.gpu_accelerator, "float32") in run.parities and precision == "float32":
         r = _attempt(prof, "float32", run)  # the gate's own target: its artifact and figures go under failed/
         r.errors.insert(0, msg)
         _diagnose(r, run)

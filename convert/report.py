@@ -85,6 +85,34 @@ def _choice(t: dict) -> str:
     return "".join(parts)
 
 
+def _accelerators(p: dict) -> str:
+    """One line per accelerator check (GPU accelerator, WebGPU) and the float16 emulation, each
+    saying which check it is: an accelerator run on SwiftShader proves kernels and coverage in
+    float32; the emulation judges a phone GPU's float16 precision."""
+    e, lines = html.escape, []
+    for key, label in (("gpu_accelerator", "GPU accelerator run"), ("webgpu", "WebGPU run (LiteRT.js)")):
+        a = p.get(key)
+        if not a:
+            continue
+        if not a.get("done"):
+            lines.append(f"<b>{label}: not done</b> ({e(str(a.get('reason')))})")
+            continue
+        cover = ("fully accelerated" if a.get("fully_accelerated") else
+                 "partly accelerated: " + (", ".join(a.get("fallback_ops") or []) or "unnamed ops") + " on the CPU")
+        dev = a.get("adapter") or "unknown device"
+        dev = " ".join(filter(None, (dev.get("vendor"), dev.get("architecture")))) if isinstance(dev, dict) else dev
+        lines.append(f"{label} ({e(str(dev))}): "
+                     f"{'pass' if a.get('passed') else '<b>FAIL</b>'}, {cover}, max_abs {a['max_abs']:.3g}, "
+                     f"cos {a['cosine']:.6f}, vs the CPU run {a['max_abs_vs_cpu']:.3g}")
+    f16 = p.get("float16_activations")
+    if f16 and f16.get("measured"):
+        worst = f16.get("first_nonfinite") or f16.get("first_lossy")
+        lines.append("float16 emulation (phone precision, PyTorch): "
+                     + (f"first {'inf/NaN' if f16.get('first_nonfinite') else 'lossy'} layer {e(str(worst))}"
+                        if worst else "no layer loses precision"))
+    return "<br>".join(lines)
+
+
 def render_html(report: dict) -> str:
     e = html.escape
     rows = []
@@ -101,6 +129,8 @@ def render_html(report: dict) -> str:
                     + (f"<br>model.litertlm on LiteRT-LM: {lm['generation_agreement']:.0%} identical, "
                        f"{lm['near_ties']} near-ties" if (lm := p.get("litert_lm")) else "")
                     + ("<br>prefill " + figs if figs else ""))
+        acc = _accelerators(p)
+        figs = f"{figs}<br>{acc}" if acc and figs else figs or acc
         lat = t.get("latency_ms") or {}
         per = " per token" if "unit" in lat else ""  # decode-ready LMs: per generated token
         lat_s = (f"{lat['artifact']:.3f} ms{per} vs torch {lat['torch_eager']:.3f} ms" if lat.get("artifact") is not None

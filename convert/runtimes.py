@@ -1,11 +1,15 @@
 """Runs an artifact on a target's runtime: ai-edge-litert (XNNPACK, or the
-reference kernels) or the real TFLM interpreter. Inputs are given and outputs
+reference kernels), LiteRT's GPU accelerator (in a child process; run_gpu) or
+the real TFLM interpreter. Inputs are given and outputs
 returned as float/int numpy arrays in PyTorch's terms: quantized I/O is
 (de)quantized here with the tensor's scale and zero point, int64 inputs are
 fed as the int32 the artifact declares."""
 
 from __future__ import annotations
 
+import ctypes.util
+import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -142,3 +146,96 @@ def run_micro(model: bytes, info: ModelInfo, samples: list[Sample], arena_bytes:
                 outs[k] = from_artifact(data[f"out_{t.position}_{s}"], by_pos[t.position])
             results.append(outs)
         return results
+
+
+# LiteRT's GPU accelerator (ML Drift over WebGPU/Dawn) needs a Vulkan driver Dawn accepts. On a
+# host without a GPU that is Chromium's SwiftShader (Vulkan on the CPU, float32 arithmetic);
+# Debian's Mesa lavapipe is refused by Dawn. Checked 2026-12-01 with ai-edge-litert 2.3.
+SWIFTSHADER_ICD = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
+GPU_TIMEOUT_S = 300.0
+GPU_RUNTIME = "LiteRT GPU accelerator (CompiledModel, ML Drift over WebGPU/Dawn)"
+
+
+@dataclasses.dataclass(kw_only=True)
+class GpuRun:
+    """One artifact on LiteRT's GPU accelerator. started False: `reason` says why it did not start
+    (no outputs). started True: `fully_accelerated`, and `outputs` per sample unless `reason` says
+    the run failed."""
+
+    started: bool
+    reason: str | None = None
+    fully_accelerated: bool | None = None
+    outputs: list[list[np.ndarray]] | None = None
+    adapter: str | None = None      # the Vulkan device Dawn picked, from LiteRT's log
+    vulkan_icd: str | None = None   # the driver manifest given to the Vulkan loader
+
+
+def gpu_environment() -> tuple[dict[str, str], str | None]:
+    """The child's environment for the GPU accelerator, or a reason it cannot start here. A
+    VK_ICD_FILENAMES the user set is kept (their driver); otherwise Chromium's SwiftShader."""
+    env = dict(os.environ, PYTHONPATH="")
+    if ctypes.util.find_library("vulkan") is None:
+        return env, "no Vulkan loader (libvulkan.so.1): apt-get install libvulkan1 (`make browser` does)"
+    if not env.get("VK_ICD_FILENAMES"):
+        if not SWIFTSHADER_ICD.exists():
+            return env, (f"no Vulkan driver the accelerator accepts: Chromium's SwiftShader ({SWIFTSHADER_ICD}) "
+                         "is missing (apt-get install chromium, `make browser`), or set VK_ICD_FILENAMES")
+        env["VK_ICD_FILENAMES"] = str(SWIFTSHADER_ICD)
+    return env, None
+
+
+def run_gpu(model: bytes, info: ModelInfo, samples: list[Sample], *, timeout: float = GPU_TIMEOUT_S) -> GpuRun:
+    """All samples through LiteRT's GPU accelerator in one child process (gpu_worker.py):
+    a driver that crashes or hangs becomes a reason, never an exception or a hang here."""
+    env, why = gpu_environment()
+    icd = env.get("VK_ICD_FILENAMES")
+    if why:
+        return GpuRun(started=False, reason=why, vulkan_icd=icd)
+    worker = Path(__file__).parent / "gpu_worker.py"  # by file: the child needs none of tpu_pipeline
+    with tempfile.TemporaryDirectory(prefix="tpu-pipeline-gpu-") as d:
+        d = Path(d)
+        runtime_dir = d / "xdg"  # Dawn/Vulkan want a private, writable XDG_RUNTIME_DIR
+        runtime_dir.mkdir(mode=0o700)
+        env["XDG_RUNTIME_DIR"] = str(runtime_dir)
+        (d / "model.tflite").write_bytes(model)
+        (d / "job.json").write_text(json.dumps({"signature": "serving_default",
+                                                "inputs": [t.key for t in info.inputs],
+                                                "outputs": [t.key for t in info.outputs]}))
+        np.savez(d / "in.npz", **{f"in_{i}_{s}": to_artifact(x, t) for s, sample in enumerate(samples)
+                                  for i, (x, t) in enumerate(zip(sample, info.inputs))})
+        args = [sys.executable, str(worker), *(str(d / n) for n in ("model.tflite", "job.json", "in.npz",
+                                                                   "out.npz", "status.json"))]
+        try:
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+            log, code = proc.stdout + proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as e:
+            log, code = _text(e.stdout) + _text(e.stderr), None
+        status = json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {}
+        adapter = re.search(r"Selected adapter: ([^,\n]+)", log)
+        run = GpuRun(started=bool(status.get("started")), fully_accelerated=status.get("fully_accelerated"),
+                     adapter=adapter.group(1).strip() if adapter else None, vulkan_icd=icd)
+        if code is None:
+            run.reason = f"the GPU accelerator gave no result within {timeout:.0f} s"
+        elif status.get("error") or code != 0 or not (d / "out.npz").exists():
+            cause = _gpu_log_reason(log) or status.get("error") or f"exit status {code}"
+            run.reason = (f"the GPU accelerator failed during a run: {cause}" if run.started
+                          else f"the GPU accelerator did not start: {cause}")
+        else:
+            data = np.load(d / "out.npz")
+            run.outputs = [[from_artifact(data[f"out_{j}_{s}"], t) for j, t in enumerate(info.outputs)]
+                           for s in range(len(samples))]
+        return run
+
+
+def _text(b: bytes | str | None) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def _gpu_log_reason(log: str) -> str | None:
+    """The line of LiteRT's log that says why the accelerator failed (Dawn's own words), if any."""
+    lines = [ln.strip() for ln in log.splitlines()]
+    keys = ("Failed to initialize WebGPU", "No adapters", "vkCreateInstance", "Didn't find op", "Failed to build",
+            "required")
+    hits = [ln for ln in lines if any(k in ln for k in keys) and not ln.startswith(("File ", "Traceback"))]
+    return "; ".join(dict.fromkeys(re.sub(r"^(ERROR|Warning|E\d+ [\d:.]+ +\d+ \S+\]):? *", "", h)
+                                   for h in hits[-3:]))[:400] or None

@@ -77,6 +77,10 @@ class TargetProfile:
     lm_precisions: list[str] = dataclasses.field(default_factory=list)  # LMs: LM_RECIPES measured, preferred first ([] = lm_precision)
     max_perplexity_change: float = 0.02     # LMs: held-out perplexity may differ from PyTorch's float32 by this fraction at most
     browser_parity: bool = False            # also run parity in headless Chromium with LiteRT.js
+    # off | try | require: parity also on LiteRT's GPU accelerator (android) / LiteRT.js's WebGPU
+    # backend (web, with browser_parity); "require" fails the target when it cannot start
+    gpu_accelerator: Literal["off", "try", "require"] = "off"
+    webgpu: Literal["off", "try", "require"] = "off"
     firmware: bool = False                  # write model_data.cc/.h and the measured TFLM arena
     app_snippet: Literal["", "kotlin", "swift"] = ""  # loader snippet written next to the artifact
     order: int = 100  # position in reports and `--targets all`, lowest first (ties: by name)

@@ -24,6 +24,7 @@ from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.global_pool import as_mean
+from tpu_pipeline.convert.module.accelerators import FLOAT16_CHECK, Pending
 from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs, load_model
 from tpu_pipeline.convert.options import ConvertOptions
 from tpu_pipeline.convert.quantize import quantize
@@ -154,6 +155,7 @@ class ModuleKind(ModelKind):
         model, samples, ref, names = art.model, self.samples, self.ref, self.output_names
         got_ref = None
         is_float = self.float_art is not None and model is self.float_art.model
+        accelerators = Pending(prof, model, info, samples)  # GPU / WebGPU runs, beside the CPU work below
         if prof.runtime == "tflite-micro":
             got = run_micro(model, info, samples, prof.max_arena_bytes or 64 * 1024 * 1024)
         else:
@@ -173,7 +175,7 @@ class ModuleKind(ModelKind):
                "runtime": prof.runtime}
         warnings, runtime = list(v["notes"]), None
         if prof.delegate in FLOAT16_DELEGATES:
-            res["float16_activations"] = f16 = self.float16_sensitivity()
+            res["float16_activations"] = f16 = {"check": FLOAT16_CHECK, **self.float16_sensitivity()}
             if f16.get("first_nonfinite"):
                 passed = res["passed"] = False
                 res["reasons"].append(
@@ -187,6 +189,7 @@ class ModuleKind(ModelKind):
             if "skipped" in browser:
                 runtime = "ai-edge-litert XNNPACK only (LiteRT.js browser run skipped)"
                 warnings.append(f"browser parity skipped: {browser['skipped']}")
+        accelerators.fold(res, warnings, self._judge(prof, o, art), got)
         first = outputs[names[0]]
         res.update({k: first[k] for k in ("max_abs", "rmse", "cosine", "cosine_mean", "snr_db", "top1") if k in first})
         if not is_float and self.float_art is not None:
@@ -223,6 +226,15 @@ class ModuleKind(ModelKind):
             runner = LitertRunner(model, info)
             hit = self._xnnpack[id(model)] = (model, [runner.run(s) for s in self.samples])
         return hit[1]
+
+    def _judge(self, prof: TargetProfile, o: ConvertOptions, art: Artifact):
+        """got -> (per-output figures, passed, reasons): an accelerator's outputs judged as this
+        artifact's CPU run is (same bounds, overrides and float16-weight allowance)."""
+        def judge(got):
+            err = self.precision_error(art.precision)
+            outputs = self._compare(prof, o, self.ref[:len(got)], got, err and [e[:len(got)] for e in err])
+            return (outputs, *parity.judge(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine))
+        return judge
 
     def _compare(self, prof: TargetProfile, o: ConvertOptions, ref, got,
                  precision_error: list[list[float]] | None = None) -> dict[str, dict]:
