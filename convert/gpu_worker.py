@@ -28,7 +28,9 @@ def main(model_path, job_path, inputs_path, outputs_path, status_path):
         job = json.load(f)
     sig = job["signature"]
     try:
-        model = CompiledModel.from_file(model_path, hardware_accel=HardwareAccelerator.GPU)
+        # GPU with the CPU as fallback, as apps compile: ops the GPU cannot run go to the CPU
+        # (LiteRT logs which) instead of failing the whole model
+        model = CompiledModel.from_file(model_path, hardware_accel=HardwareAccelerator.GPU | HardwareAccelerator.CPU)
     except Exception as e:  # noqa: BLE001 - the reason is in LiteRT's log on stderr; the parent reads it
         _write(status_path, {"started": False, "error": f"{type(e).__name__}: {str(e).strip()[:300]}"})
         return

@@ -167,6 +167,8 @@ class GpuRun:
     fully_accelerated: bool | None = None
     outputs: list[list[np.ndarray]] | None = None
     adapter: str | None = None      # the Vulkan device Dawn picked, from LiteRT's log
+    fallback_ops: list[str] | None = None  # "OP: why" for each op the GPU left to the CPU, from LiteRT's log
+    split: str | None = None        # LiteRT's own count: "N operations will run on the GPU, ... on the CPU"
     vulkan_icd: str | None = None   # the driver manifest given to the Vulkan loader
 
 
@@ -214,6 +216,7 @@ def run_gpu(model: bytes, info: ModelInfo, samples: list[Sample], *, timeout: fl
         adapter = re.search(r"Selected adapter: ([^,\n]+)", log)
         run = GpuRun(started=bool(status.get("started")), fully_accelerated=status.get("fully_accelerated"),
                      adapter=adapter.group(1).strip() if adapter else None, vulkan_icd=icd)
+        run.fallback_ops, run.split = _gpu_fallback(log)
         if code is None:
             run.reason = f"the GPU accelerator gave no result within {timeout:.0f} s"
         elif status.get("error") or code != 0 or not (d / "out.npz").exists():
@@ -229,6 +232,23 @@ def run_gpu(model: bytes, info: ModelInfo, samples: list[Sample], *, timeout: fl
 
 def _text(b: bytes | str | None) -> str:
     return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def _gpu_fallback(log: str) -> tuple[list[str] | None, str | None]:
+    """The ops LiteRT's GPU delegate leaves to the CPU, as it logs them at compile time:
+    "Following operations are not supported by GPU delegate:" then "OP: why" lines, then
+    "N operations will run on the GPU, and the remaining M operations will run on the CPU."."""
+    lines = [ln.strip() for ln in log.splitlines()]
+    split = next((ln for ln in lines if re.search(r"operations will run on the GPU", ln)), None)
+    if not any("not supported by GPU delegate" in ln for ln in lines):
+        return None, split
+    start = next(i for i, ln in enumerate(lines) if "not supported by GPU delegate" in ln) + 1
+    ops = []
+    for ln in lines[start:]:
+        if not re.match(r"^[A-Z][A-Z0-9_]*: ", ln):
+            break
+        ops.append(ln)
+    return ops, split
 
 
 def _gpu_log_reason(log: str) -> str | None:

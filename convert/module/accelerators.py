@@ -30,7 +30,7 @@ from tpu_pipeline.errors import ConversionError
 Judge = Callable[[list[list[np.ndarray]]], tuple[dict[str, dict], bool, list[str]]]
 
 GPU_CHECK = ("GPU accelerator run: the artifact on LiteRT's GPU accelerator (CompiledModel, "
-             "HardwareAccelerator.GPU); on SwiftShader (no GPU here) float32 arithmetic, not the phone's float16 numerics, "
+             "GPU with the CPU as fallback, as apps compile); on SwiftShader (no GPU here) float32 arithmetic, not the phone's float16 numerics, "
              "which float16_activations emulates")
 WEBGPU_CHECK = ("WebGPU run: the artifact on LiteRT.js's WebGPU backend in headless Chromium; on SwiftShader (no GPU "
                 "here) float32 arithmetic, not a phone GPU's float16 numerics")
@@ -76,7 +76,12 @@ class Pending:
         rec.update(started=run.started, vulkan_icd=run.vulkan_icd, adapter=run.adapter,
                    fully_accelerated=run.fully_accelerated)
         if run.started and run.fully_accelerated is False:
-            rec.update(_fallback_ops(self.model, self.info))
+            if run.fallback_ops:  # the accelerator's own words, as it compiled the model
+                rec.update(fallback_ops=sorted({x.split(":")[0] for x in run.fallback_ops}),
+                           fallback_ops_by="LiteRT GPU delegate (compile log)", fallback_detail=run.fallback_ops,
+                           split=run.split)
+            else:
+                rec.update(_fallback_ops(self.model, self.info))
         if run.outputs is None:
             return {**rec, "reason": run.reason}
         return _judged(rec, judge, run.outputs, cpu_got)

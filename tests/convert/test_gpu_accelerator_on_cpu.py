@@ -89,6 +89,7 @@ def test_gpu_accelerator_that_cannot_start_says_why(cnn, bad_icd):
         assert "No adapters found" in run.reason  # Dawn's own words, from LiteRT's log
 
 
+@pytest.mark.slow
 @needs_gpu
 @needs_browser
 def test_convert_checks_android_on_the_gpu_and_web_on_webgpu(tmp_path):
@@ -109,6 +110,7 @@ def test_convert_checks_android_on_the_gpu_and_web_on_webgpu(tmp_path):
     assert "GPU accelerator run" in html and "WebGPU run" in html and "float16 emulation" in html
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["try", "require"])
 def test_gpu_accelerator_not_started_is_not_done_and_fails_closed_when_required(tmp_path, bad_icd, mode):
     net, x = _small_cnn()
@@ -124,6 +126,28 @@ def test_gpu_accelerator_not_started_is_not_done_and_fails_closed_when_required(
     else:
         assert t.passed
         assert any("GPU accelerator check not done" in w for w in t.warnings), t.warnings
+
+
+class Spectrum(torch.nn.Module):
+    """Magnitudes of a real FFT: RFFT2D and complex tensors, which the GPU delegate leaves to the CPU."""
+
+    def forward(self, x):
+        return torch.fft.rfft(x).abs()
+
+
+@pytest.mark.slow
+@needs_gpu
+def test_ops_the_gpu_cannot_run_are_named_and_run_on_the_cpu(tmp_path):
+    x = torch.randn(1, 4, 8)
+    result = tc.convert(Spectrum().eval(), (x,), targets="android", out=tmp_path / "out", latency=False)
+    t = result.targets["android"]
+    gpu = t.parity["gpu_accelerator"]
+    assert gpu["started"] and gpu["fully_accelerated"] is False
+    assert {"RFFT2D", "COMPLEX_ABS"} <= set(gpu["fallback_ops"]) and "GPU delegate" in gpu["fallback_ops_by"]
+    assert "will run on the CPU" in gpu["split"]
+    # partly on the GPU, partly on the CPU: still computed, and judged like any run
+    assert gpu["done"] and gpu["passed"] and gpu["max_abs"] < 1e-4
+    assert any("fall back to the CPU" in w and "RFFT2D" in w for w in t.warnings), t.warnings
 
 
 @needs_browser
