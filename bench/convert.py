@@ -71,7 +71,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="runs/bench_convert")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=None, help="parity rows (default: the tool's own)")
     ap.add_argument("--models", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
     ap.add_argument("--single-precision", action="store_true",
                     help="also time each convert with one precision per target (profiles without `precisions`): "

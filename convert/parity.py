@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tpu_pipeline.convert import output_kinds
 from tpu_pipeline.convert.runtimes import LitertRunner
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo, module_path, op_module
 
 EPS = 1e-12  # localization's relative layer error only (parity metrics handle zero norms explicitly)
-TIE_FACTOR = 2.0  # a flip is a near-tie when the two logits differ by less than 2x the variant's error
 ENVELOPE = 2.0  # a variant may depart from PyTorch by up to 2x what its precision alone does there
 
 
@@ -35,29 +35,8 @@ def _cosines(rf: np.ndarray, gf: np.ndarray) -> np.ndarray:
     return cos
 
 
-def _top1(r: np.ndarray, g: np.ndarray) -> dict:
-    """Top-1 over the class (last) axis. A flip whose two logits lie closer in PyTorch than
-    the variant's own error can move them (TIE_FACTOR x its largest error on the other
-    logits) is a near-tie: reported, not counted against agreement. A flip with a clear
-    margin counts."""
-    rows_r, rows_g = r.reshape(-1, r.shape[-1]), g.reshape(-1, g.shape[-1])
-    ar, ag = rows_r.argmax(1), rows_g.argmax(1)
-    flips = np.flatnonzero(ar != ag)
-    err = np.abs(rows_g - rows_r)
-    others = np.ones_like(err, dtype=bool)
-    others[flips, ar[flips]] = others[flips, ag[flips]] = False
-    tie_tol = TIE_FACTOR * float(err[others].max(initial=0.0))
-    margins = rows_r[flips, ar[flips]] - rows_r[flips, ag[flips]]
-    near = margins <= tie_tol
-    n = len(rows_r)
-    return {"top1": float(1 - len(flips) / n), "top1_judged": float(1 - int((~near).sum()) / n),
-            "top1_rows": int(n), "top1_near_ties": int(near.sum()), "top1_clear_flips": int((~near).sum()),
-            "top1_tie_tolerance": tie_tol,
-            "top1_flip_margins": [float(m) for m in margins[:16]]}
-
-
-def compare(ref: list[np.ndarray], got: list[np.ndarray], *, classifier: bool, atol: float = 0.0,
-            rtol: float = 0.0, precision_error: list[float] | None = None) -> dict:
+def compare(ref: list[np.ndarray], got: list[np.ndarray], *, kind: str | None = None, classifier: bool = False,
+            atol: float = 0.0, rtol: float = 0.0, precision_error: list[float] | None = None) -> dict:
     """One output over all samples: each list holds that output per sample.
 
     Elementwise: |got - ref| <= atol * scale + rtol * |ref| (+ ENVELOPE x precision_error),
@@ -66,8 +45,10 @@ def compare(ref: list[np.ndarray], got: list[np.ndarray], *, classifier: bool, a
     atol as an absolute bound. precision_error: per sample, the largest error the variant's
     precision alone causes in PyTorch (float16 weights, measured by the model kind): an error
     the precision explains is not a conversion error; anything beyond it still fails.
-    classifier=True: the last axis holds class scores (a [N, C] head, an LM's vocabulary);
-    top-1 is judged along it, never along any other axis."""
+    kind: the output's kind (output_kinds.OUTPUT_KINDS: logits, probabilities, regression,
+    embedding, dense_map, token_logits, unknown), whose figures are added (top-1 only for class
+    scores and probabilities, along the last axis); None: "unknown" (numeric figures only).
+    classifier=True is kind="logits"."""
     r = np.stack([np.asarray(a, np.float64) for a in ref])
     g = np.stack([np.asarray(a, np.float64).reshape(np.shape(a0)) for a, a0 in zip(got, ref)])
     d = g - r
@@ -101,8 +82,10 @@ def compare(ref: list[np.ndarray], got: list[np.ndarray], *, classifier: bool, a
     if envelope is not None:
         out["precision_envelope"] = float(envelope.max(initial=0.0))
         out["within_tol_without_envelope"] = within_plain
-    if classifier and r.ndim >= 2 and r.shape[-1] > 1:
-        out.update(_top1(r, g))
+    kind = kind or ("logits" if classifier else "unknown")
+    out["kind"] = kind
+    if np.isfinite(gf).all():
+        out.update(output_kinds.get(kind).figures(r, g))
     return out
 
 
@@ -110,9 +93,11 @@ def verdict(per_output: dict[str, dict], profile: TargetProfile, *, atol=None, r
             min_cosine=None) -> dict:
     """Each criterion per output with its value, bound and outcome, and which decided:
     {"passed", "reasons", "decided_by", "checks": {output: [{criterion, value, bound, passed}]},
-    "notes"}. Float variants: worst-sample cosine + elementwise tolerance (+ top-1 for class
-    outputs); int8 (judged without elementwise tolerance): mean cosine + top-1, since rounding
-    error is distributional."""
+    "notes"}. Each output's kind (m["kind"], output_kinds.py) adds its task criteria (top-1 and
+    flip rate + probability error for class scores and probabilities, error relative to the
+    reference's spread for regression, ...). Float variants: worst-sample cosine + elementwise
+    tolerance beside them; int8 (rounding error is distributional): the kind's criteria alone,
+    or mean cosine for an output of unknown kind."""
     min_cos = profile.min_cosine if min_cosine is None else min_cosine
     check_abs = profile.check_abs or atol is not None or rtol is not None
     a = profile.atol if atol is None else atol
@@ -122,10 +107,21 @@ def verdict(per_output: dict[str, dict], profile: TargetProfile, *, atol=None, r
         if m.get("nonfinite_samples"):
             reasons.append(f"{name}: the artifact outputs NaN/inf on {m['nonfinite_samples']} of {m['samples']} "
                            "samples (PyTorch's are finite)")
-        key, label = ("cosine", "cosine (worst sample)") if profile.check_abs else ("cosine_mean", "mean cosine")
-        rows = [{"criterion": "cosine", "value": m[key], "bound": min_cos, "passed": m[key] >= min_cos}]
-        if not rows[-1]["passed"]:
-            reasons.append(f"{name}: {label} {m[key]:.6f} < {min_cos}")
+        kind = m.get("kind", "unknown")
+        judge_kind = output_kinds.get(kind)
+        rows = []
+        # int8 targets judge an output of known kind by its task's criteria only (a pitch read right
+        # at mean cosine 0.96 is right); float targets keep cosine and elementwise beside them, since
+        # a float artifact departing from PyTorch at all is a conversion error
+        numeric = profile.check_abs or not judge_kind.task_criteria or min_cosine is not None
+        if numeric:
+            key, label = ("cosine", "cosine (worst sample)") if profile.check_abs else ("cosine_mean", "mean cosine")
+            rows.append({"criterion": "cosine", "value": m[key], "bound": min_cos, "passed": m[key] >= min_cos})
+            if not rows[-1]["passed"]:
+                reasons.append(f"{name}: {label} {m[key]:.6f} < {min_cos}")
+        if kind == "unknown":
+            notes.append(f"{name}: kind unknown (neither inferred from the graph nor given): judged numerically; "
+                         f"give it with --output-kind {name}=KIND ({', '.join(output_kinds.names())})")
         if check_abs:
             env = m.get("precision_envelope")
             extra = f" + {ENVELOPE:g} x the precision's own error ({env / ENVELOPE:.3g})" if env is not None else ""
@@ -138,17 +134,15 @@ def verdict(per_output: dict[str, dict], profile: TargetProfile, *, atol=None, r
                 notes.append(f"{name}: max_abs {m['max_abs']:.3g} is outside atol {a} x scale + rtol {r_} but within "
                              f"{ENVELOPE:g}x the error the precision alone causes in PyTorch ({env / ENVELOPE:.3g}): "
                              "precision loss, not a conversion error")
-        if "top1" in m:
-            judged = m.get("top1_judged", m["top1"])
-            rows.append({"criterion": "top1", "value": judged, "bound": profile.min_top1,
-                         "passed": judged >= profile.min_top1})
-            if not rows[-1]["passed"]:
-                reasons.append(f"{name}: top-1 agreement {judged:.3f} < {profile.min_top1} "
-                               f"({m.get('top1_clear_flips', 0)} clear-margin flips of {m.get('top1_rows', '?')} rows)")
-            if m.get("top1_near_ties"):
-                notes.append(f"{name}: top-1 flipped on {m['top1_near_ties']} of {m['top1_rows']} rows between "
-                             f"logits closer than the variant's error ({m['top1_tie_tolerance']:.3g}): near-ties, "
-                             "reported, not failed")
+        if not m.get("nonfinite_samples"):
+            for criterion, value, bound, ok, why in judge_kind.checks(m, profile):
+                rows.append({"criterion": criterion, "value": value, "bound": bound, "passed": bool(ok)})
+                if not ok:
+                    reasons.append(f"{name}: {why}")
+        if m.get("top1_near_ties"):
+            notes.append(f"{name}: top-1 flipped on {m['top1_near_ties']} of {m['top1_rows']} rows whose PyTorch "
+                         f"top-2 gap is within float32 noise ({output_kinds.TIE_NOISE:g} x the row's scale): "
+                         "near-ties, reported, not counted against agreement")
         checks[name] = rows
         failed += [f"{name}: {row['criterion']}" for row in rows if not row["passed"]]
     decided = failed or ["all criteria passed: " + ", ".join(dict.fromkeys(
@@ -165,6 +159,11 @@ def judge(per_output: dict[str, dict], profile: TargetProfile, *, atol=None, rto
 def tolerances(profile: TargetProfile, atol=None, rtol=None, min_cosine=None) -> dict:
     return {"atol": profile.atol if atol is None else atol, "rtol": profile.rtol if rtol is None else rtol,
             "min_cosine": profile.min_cosine if min_cosine is None else min_cosine, "min_top1": profile.min_top1,
+            "max_flip_rate": profile.max_flip_rate, "max_prob_error": profile.max_prob_error,
+            "max_regression_error": profile.max_regression_error,
+            "max_regression_mean_error": profile.max_regression_mean_error,
+            "min_nn_agreement": profile.min_nn_agreement, "min_pixel_agreement": profile.min_pixel_agreement,
+            "min_psnr_db": profile.min_psnr_db,
             "elementwise": bool(profile.check_abs or atol is not None or rtol is not None)}
 
 

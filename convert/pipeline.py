@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from tpu_pipeline import files
-from tpu_pipeline.convert import checks
+from tpu_pipeline.convert import checks, output_kinds
 from tpu_pipeline.convert.iot.firmware import measure_arena, suggested_arena, write_c_array
 from tpu_pipeline.convert.kinds import ModelKind, Progress, detection_order
 from tpu_pipeline.convert.lm import kind as _lm_kind  # noqa: F401 - registers CausalLMKind (see model_kind)
@@ -111,8 +111,9 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
                           "calib": calibration if calibration is not None else options.get("calib")})
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
-    if o.samples < 1:
+    if o.samples is not None and o.samples < 1:
         raise UserError("--samples must be at least 1")
+    o = dataclasses.replace(o, output_kinds=output_kinds.parse(o.output_kinds))
     profiles = resolve_targets(o.targets, load_profiles(o.profile_dir))
     in_memory = isinstance(model, (torch.nn.Module, torch.export.ExportedProgram))
     if in_memory:

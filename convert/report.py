@@ -60,6 +60,31 @@ def _cell(v) -> str:
     return "-" if v is None else str(v)
 
 
+def _interval(m: dict, key: str) -> str:
+    ci = m.get(key + "_interval")
+    return f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})" if ci else ""
+
+
+def _kind_figures(m: dict) -> str:
+    """The output's kind and the figures it is judged by (convert/output_kinds.py)."""
+    kind = m.get("kind", "unknown")
+    parts = [f"<br><b>kind: {html.escape(kind if kind != 'unknown' else 'kind unknown (judged numerically)')}</b>"]
+    if "top1_judged" in m:
+        parts.append(f"top-1 agreement {m['top1_judged']:.3f}{_interval(m, 'top1_judged')}, flips {m['flip_rate']:.1%} "
+                     f"({m['top1_near_ties']} near-ties) of {m['top1_rows']} rows")
+    if "prob_max_abs" in m:
+        parts.append(f"probability error {m['prob_error']:.3g} (95% of rows), worst {m['prob_max_abs']:.3g}, mean {m['prob_mean_abs']:.3g}")
+    if "rel_err" in m:
+        parts.append(f"error / reference spread: {m['rel_err']:.3g} (95% of rows), worst {m['rel_err_max']:.3g}, mean {m['rel_err_mean']:.3g}")
+    if "nn_agreement" in m:
+        parts.append(f"nearest-neighbour agreement {m['nn_agreement']:.3f}{_interval(m, 'nn_agreement')}")
+    if "pixel_agreement" in m:
+        parts.append(f"per-pixel argmax agreement {m['pixel_agreement']:.4f}")
+    if "psnr_db" in m:
+        parts.append(f"PSNR {m['psnr_db']:.1f} dB")
+    return parts[0] + (": " + ", ".join(parts[1:]) if len(parts) > 1 else "")
+
+
 def _choice(t: dict) -> str:
     """What convert measured to pick this target's artifact: every candidate side by side
     (columns are whatever the model kind measured: size, latency, cosine, token agreement ...),
@@ -121,7 +146,7 @@ def render_html(report: dict) -> str:
         outs = p.get("outputs", {})
         figs = "<br>".join(
             f"{e(o)}: max_abs {m['max_abs']:.3g}, rmse {m['rmse']:.3g}, cos {m['cosine']:.6f} (worst) / {m.get('cosine_mean', m['cosine']):.6f} (mean), SNR {m['snr_db']:.1f} dB"
-            + (f", top-1 {m['top1']:.3f}" if "top1" in m else "") for o, m in outs.items())
+            + (f", top-1 {m['top1']:.3f}" if "top1" in m else "") + _kind_figures(m) for o, m in outs.items())
         if "generation_agreement" in p:  # decode-ready LMs
             b = p.get("browser") or {}
             figs = (f"greedy generations identical to PyTorch on {p['generation_agreement']:.0%} of {p['prompts']} prompts"

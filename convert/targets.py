@@ -71,6 +71,16 @@ class TargetProfile:
     min_cosine: float
     min_top1: float
     check_abs: bool
+    # per output kind (convert/output_kinds.py); defaults are desktop's float32 bounds
+    max_flip_rate: float = 0.0           # class scores/probabilities: share of rows whose top-1 may flip at all
+    max_prob_error: float = 1e-3         # class scores/probabilities: |error| on the probability scale (95% of rows)
+    max_regression_error: float = 1e-3   # regression: |error| / the reference's spread over the eval rows (95% of rows)
+    max_regression_mean_error: float = 1e-4  # regression: mean |error| / the reference's spread
+    min_nn_agreement: float = 1.0        # embeddings: nearest-neighbour agreement over the eval rows
+    min_pixel_agreement: float = 1.0     # dense maps with classes: per-pixel argmax agreement
+    min_psnr_db: float = 60.0            # dense maps without classes (depth): PSNR over the reference's range
+    min_teacher_forced_top1: float = 0.99  # LMs, quantized bundles: next-token top-1 agreement on held-out text
+    max_mean_kl: float = 0.01            # LMs, quantized bundles: mean KL(float || variant) per token, nats
     causal_lm: bool = True                  # decode-ready LMs (prefill/decode + KV cache) are built for this target
     min_generation_agreement: float = 1.0   # LMs: share of parity prompts whose greedy tokens must match PyTorch
     lm_precision: Literal["", "float32", "float16", "dynamic_int8"] = ""  # LMs: precision if not `precision` (when lm_precisions is empty)

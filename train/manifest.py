@@ -17,13 +17,17 @@ FORMAT = "tpu-pipeline/model@1"
 def write_model(path: Path, *, model_class: str, model_kwargs: dict, state_dict: dict,
                 example_inputs: Sequence[torch.Tensor], input_names: Sequence[str],
                 output_names: Sequence[str], task: str, recipe: str, metrics: dict[str, Any],
-                calibration_inputs: Sequence[torch.Tensor] | None = None) -> None:
+                calibration_inputs: Sequence[torch.Tensor] | None = None,
+                output_kinds: dict[str, str] | None = None) -> None:
     """Writes the manifest atomically; tensors stay as trained (dtype and device).
 
     calibration_inputs: real inputs from the training data, one tensor per
     forward() argument, (N, *example.shape[1:]): what static-int8 calibration
     and parity should use instead of random inputs (digits pixels are 0..16,
     far from a random normal).
+    output_kinds: output name -> what it is (logits, probabilities, regression, embedding,
+    dense_map, token_logits; tpu_pipeline.convert.output_kinds), which decides how convert
+    judges each artifact's output; an output left out is inferred from the graph or unknown.
     """
     if not model_class.startswith("tpu_pipeline."):
         raise ValueError(f"model_class must live inside tpu_pipeline, got {model_class!r}")
@@ -39,6 +43,8 @@ def write_model(path: Path, *, model_class: str, model_kwargs: dict, state_dict:
         "recipe": recipe,
         "metrics": dict(metrics),
     }
+    if output_kinds:
+        obj["output_kinds"] = {str(k): str(v) for k, v in output_kinds.items()}
     if calibration_inputs is not None:
         for t, ex in zip(calibration_inputs, example_inputs):
             if tuple(t.shape[1:]) != tuple(ex.shape[1:]) or t.dtype != ex.dtype:

@@ -78,7 +78,7 @@ def heldout_sequences(tokenizer, max_len: int) -> list[list[int]]:
     return out
 
 
-def _perplexity(logits: list[np.ndarray], sequences: list[list[int]]) -> float:
+def perplexity(logits: list[np.ndarray], sequences: list[list[int]]) -> float:
     nll, n = 0.0, 0
     for seq, lg in zip(sequences, logits):
         logp = torch.log_softmax(torch.as_tensor(lg[:len(seq) - 1]).double(), -1)
@@ -87,13 +87,37 @@ def _perplexity(logits: list[np.ndarray], sequences: list[list[int]]) -> float:
     return math.exp(nll / n)
 
 
-def torch_perplexity(model: torch.nn.Module, sequences: list[list[int]]) -> float:
+def torch_logits(model: torch.nn.Module, sequences: list[list[int]]) -> list[np.ndarray]:
+    """PyTorch's float32 next-token logits at every position of each held-out sequence."""
     with torch.no_grad():
-        logits = [model(torch.tensor([seq])).logits[0].float().numpy() for seq in sequences]
-    return _perplexity(logits, sequences)
+        return [model(torch.tensor([seq])).logits[0].float().numpy() for seq in sequences]
+
+
+def torch_perplexity(model: torch.nn.Module, sequences: list[list[int]]) -> float:
+    return perplexity(torch_logits(model, sequences), sequences)
+
+
+def teacher_forced(ref_logits: list[np.ndarray], got_logits: list[np.ndarray], sequences: list[list[int]]) -> dict:
+    """A variant against the float model on held-out text, fed the same tokens (teacher-forced), as
+    llama.cpp's perplexity tool reports a quantized model against its base (--kl-divergence): the
+    share of positions whose next-token top-1 agrees ("same top p"), the mean KL(float || variant)
+    per token in nats, and its 99th percentile. Unlike greedy generations, one early flip does not
+    hide or decide everything after it, and every position of every line counts."""
+    agree, kls, n = 0, [], 0
+    for seq, r, g in zip(sequences, ref_logits, got_logits):
+        k = len(seq) - 1
+        lr = torch.log_softmax(torch.as_tensor(r[:k]).double(), -1)
+        lg = torch.log_softmax(torch.as_tensor(g[:k]).double(), -1)
+        agree += int((lr.argmax(-1) == lg.argmax(-1)).sum())
+        kls.append((lr.exp() * (lr - lg)).sum(-1).numpy())
+        n += k
+    kl = np.concatenate(kls) if kls else np.zeros(0)
+    return {"tokens": n, "top1_agreement": agree / n if n else None,
+            "mean_kl": float(kl.mean()) if kl.size else None,
+            "kl_p99": float(np.quantile(kl, 0.99)) if kl.size else None}
 
 
 def tflite_perplexity(decode_logits: list[np.ndarray] | None, sequences: list[list[int]]) -> float | None:
     """Perplexity from a variant's teacher-forced logits (litertlm.decode_logits); None when its
     decode signature could not be driven that way."""
-    return None if decode_logits is None else _perplexity(decode_logits, sequences)
+    return None if decode_logits is None else perplexity(decode_logits, sequences)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tpu_pipeline.convert import parity
+from tpu_pipeline.convert import output_kinds, parity
 from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs
 from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
@@ -26,7 +26,7 @@ from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.global_pool import as_mean
 from tpu_pipeline.convert.module.accelerators import FLOAT16_CHECK, Pending
 from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs, load_model
-from tpu_pipeline.convert.options import ConvertOptions
+from tpu_pipeline.convert.options import DEFAULT_SAMPLES, ConvertOptions
 from tpu_pipeline.convert.quantize import quantize
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
 from tpu_pipeline.convert.runtimes import LitertRunner, from_artifact, run_micro, to_artifact
@@ -55,8 +55,12 @@ class ModuleKind(ModelKind):
     refused_options = {"prompts": LM_ONLY, "lm_max_len": LM_ONLY, "lm_prefill_len": LM_ONLY}
 
     def __init__(self, m: LoadedModel, samples: list[list[np.ndarray]], sample_source: str,
-                 calib_data: list[list[np.ndarray]] | None, ref: list[list[np.ndarray]]):
+                 calib_data: list[list[np.ndarray]] | None, ref: list[list[np.ndarray]],
+                 given_kinds: dict[str, str] | None = None):
         self.m, self.samples, self.sample_source, self.ref = m, samples, sample_source, ref
+        self.given_kinds = dict(given_kinds or {})
+        # per output: (kind, where it came from); decided once the float graph is known (export_float)
+        self.kinds: list[tuple[str, str]] = [self._kind_without_graph(k) for k in range(len(ref[0]))]
         self.calib_data = calib_data
         self.calib: list[dict[str, np.ndarray]] | None = None
         self.notes = list(m.notes)
@@ -99,16 +103,41 @@ class ModuleKind(ModelKind):
         except Exception as e:  # noqa: BLE001 - rows the model cannot run (token ids beyond its table, ...) are bad input
             raise UserError(f"the model does not run on the parity rows from {source} ({type(e).__name__}: "
                             f"{first_line(e)})") from None
-        return cls(m, samples, source, calib_data, ref)
+        given = {**output_kinds.parse(m.output_kinds or {}), **output_kinds.parse(o.output_kinds)}
+        names = m.output_names or [f"output_{i}" for i in range(len(ref[0]))]
+        stray = sorted(set(given) - set(names))
+        if stray:
+            raise UserError(f"--output-kind {stray[0]}: the model has no output of that name (outputs: "
+                            f"{', '.join(names)})")
+        return cls(m, samples, source, calib_data, ref, given)
 
-    def class_scores(self, k: int) -> bool:
-        """Whether output k's last axis holds class scores, so top-1 along it means something:
-        a causal LM's logits (vocabulary), or a 2-D [N, C] head of a classifier (task
-        classification, or unknown). Never an output with spatial axes (segmentation
-        N x C x H x W: the last axis is width)."""
+    def _kind_without_graph(self, k: int) -> tuple[str, str]:
+        """Output k's kind from the user (--output-kind, the manifest's output_kinds, output_kinds=),
+        else from what the model is (an LM's logits; a classification manifest's [N, C] head),
+        else unknown. Never an output with spatial axes as class scores (segmentation N x C x H x W:
+        the last axis is width)."""
+        name = (self.m.output_names or [f"output_{i}" for i in range(len(self.ref[0]))])[k]
+        if name in self.given_kinds:
+            return self.given_kinds[name], "given"
         if self.m.task == "causal-lm":
-            return True
-        return self.m.task in ("classification", None) and self.ref[0][k].ndim == 2
+            return "token_logits", "inferred: a causal LM's head"
+        if self.m.task == "classification" and self.ref[0][k].ndim == 2 and self.ref[0][k].shape[-1] > 1:
+            return "logits", "inferred: the manifest's task is classification ([N, C] head)"
+        return "unknown", "neither inferred nor given"
+
+    def output_kind(self, k: int) -> str:
+        """Output k's kind (output_kinds.OUTPUT_KINDS), which decides how it is judged."""
+        return self.kinds[k][0]
+
+    def _infer_kinds(self, info: ModelInfo) -> None:
+        """The float graph's own word where the user gave none: a final SOFTMAX or LOGISTIC makes
+        an output probabilities (a classification head with softmax, a sigmoid pitch tracker)."""
+        for k, t in enumerate(info.outputs[:len(self.kinds)]):
+            if self.kinds[k][1] == "given":
+                continue
+            graph = output_kinds.infer(info, t.tensor_index)
+            if graph is not None:
+                self.kinds[k] = (graph, "inferred: the float graph ends in a softmax/sigmoid")
 
     @property
     def output_names(self) -> list[str]:
@@ -120,7 +149,9 @@ class ModuleKind(ModelKind):
         self.notes += notes
         art = self.float_art = Artifact(model=export_float(dataclasses.replace(self.m, module=module),
                                                            work / "float.tflite"))
-        self.notes += _dtype_notes(self.m, inspect_model(art.model))
+        info = inspect_model(art.model)
+        self.notes += _dtype_notes(self.m, info)
+        self._infer_kinds(info)
         return art
 
     def candidates(self, profile: TargetProfile) -> list[str]:
@@ -238,7 +269,7 @@ class ModuleKind(ModelKind):
 
     def _compare(self, prof: TargetProfile, o: ConvertOptions, ref, got,
                  precision_error: list[list[float]] | None = None) -> dict[str, dict]:
-        return {name: parity.compare([s[k] for s in ref], [g[k] for g in got], classifier=self.class_scores(k),
+        return {name: parity.compare([s[k] for s in ref], [g[k] for g in got], kind=self.output_kind(k),
                                      atol=o.atol if o.atol is not None else prof.atol,
                                      rtol=o.rtol if o.rtol is not None else prof.rtol,
                                      precision_error=None if precision_error is None else precision_error[k])
@@ -293,7 +324,8 @@ class ModuleKind(ModelKind):
         m, info = self.m, r.info
         # info is None when the interpreter refused the artifact: its model.json still says why.
         ins = [{"name": n, **t.to_json()} for n, t in zip(m.input_names, info.inputs)] if info else []
-        outs = [{"name": n, **t.to_json()} for n, t in zip(m.output_names or [], info.outputs)] if info else []
+        outs = [{"name": n, **t.to_json(), "kind": kind, "kind_source": src}
+                for n, t, (kind, src) in zip(m.output_names or [], info.outputs, self.kinds)] if info else []
         return {"format": "tpu-pipeline/litert-artifact@1", "target": r.target, "passed": r.passed,
                 "quantization": r.quantization, "runtime": r.runtime, "size_bytes": r.size_bytes,
                 "sha256": r.sha256, "signature": "serving_default", "inputs": ins, "outputs": outs,
@@ -306,6 +338,7 @@ class ModuleKind(ModelKind):
                 "inputs": [{"name": n, "shape": list(a.shape), "dtype": str(a.dtype).replace("torch.", "")}
                            for n, a in zip(m.input_names, m.sample_args)],
                 "output_names": m.output_names, "samples": len(self.samples), "sample_source": self.sample_source,
+                "output_kinds": {n: {"kind": kind, "source": src} for n, (kind, src) in zip(self.output_names, self.kinds)},
                 "notes": self.notes}
 
 
@@ -419,13 +452,22 @@ def _random_sample(m: LoadedModel, rng) -> list[np.ndarray]:
 
 
 def _parity_samples(m, eval_data, calib_data, calib_source, n, rng):
-    """-> (parity samples, where they came from, calibration rows). Real data beats random;
-    with enough calibration rows the last n are held out of calibration for parity."""
+    """-> (parity samples, where they came from, calibration rows). Real data beats random.
+    n None (the default): every --eval-data row; else DEFAULT_SAMPLES (64) rows. With n given and
+    more rows than n, n are drawn with `rng` (--seed redraws them). With enough calibration rows,
+    parity rows are drawn and held out of calibration."""
     if eval_data:
-        return eval_data[:n], f"--eval-data ({min(n, len(eval_data))} rows)", calib_data
+        if n is None or n >= len(eval_data):
+            return eval_data, f"--eval-data (all {len(eval_data)} rows)", calib_data
+        pick = sorted(rng.choice(len(eval_data), n, replace=False).tolist())
+        return [eval_data[i] for i in pick], f"--eval-data ({n} of {len(eval_data)} rows, drawn)", calib_data
+    n = DEFAULT_SAMPLES if n is None else n
     if calib_data:
         if len(calib_data) >= 2 * n:
-            return calib_data[-n:], f"{calib_source} (last {n} rows, held out of calibration)", calib_data[:-n]
+            held = set(rng.choice(len(calib_data), n, replace=False).tolist())
+            return ([r for i, r in enumerate(calib_data) if i in held],
+                    f"{calib_source} ({n} rows drawn, held out of calibration)",
+                    [r for i, r in enumerate(calib_data) if i not in held])
         return calib_data[:n], f"{calib_source} ({min(n, len(calib_data))} rows, also used for calibration)", calib_data
     first = [a.numpy() for a in m.sample_args]
     return [first] + [_random_sample(m, rng) for _ in range(n - 1)], "the model's example inputs + random inputs", None

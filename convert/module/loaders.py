@@ -42,6 +42,7 @@ class LoadedModel:
     input_names: list[str]
     output_names: list[str] | None = None
     task: str | None = None                  # classification | causal-lm | None (unknown)
+    output_kinds: dict[str, str] | None = None  # manifest's output_kinds: output name -> kind (convert/output_kinds.py)
     notes: list[str] = dataclasses.field(default_factory=list)  # what was changed on the way (bf16 cast, ...)
     int_high: list[int | None] = dataclasses.field(default_factory=list)  # per input: exclusive upper bound for int samples
     calibration: list[torch.Tensor] | None = None  # manifest's calibration_inputs: real rows, (N, *shape[1:]) per input
@@ -326,6 +327,7 @@ def _from_manifest(m: dict, path: Path, input_shapes, model_class, model_kwargs)
         raise UserError(f"{path}: calibration_inputs must hold one (N, *input_shape[1:]) tensor per input")
     return LoadedModel(module=module, sample_args=args, source_format="tpu-pipeline model.pt manifest",
                        input_names=names, output_names=m.get("output_names"), task=m.get("task"), notes=notes,
+                       output_kinds=m.get("output_kinds") if isinstance(m.get("output_kinds"), dict) else None,
                        calibration=[c.cpu() for c in calib] if calib is not None and not input_shapes else None)
 
 

@@ -51,11 +51,11 @@ def test_exported_program_and_calibration_rows(tmp_path):
     torch.manual_seed(0)
     ep = torch.export.export(DepthwiseCNN().eval(), (torch.randn(1, 1, 8, 8),))
     rows = [(torch.randn(1, 1, 8, 8),) for _ in range(16)]
-    result = tc.convert(ep, targets=["iot"], out=tmp_path / "d", calibration=rows, latency=False)
+    result = tc.convert(ep, targets=["iot"], out=tmp_path / "d", calibration=rows, latency=False, samples=8)
     assert result.passed, result["iot"].reasons
     assert result.report["source_format"] == "torch.export program"
     assert result.report["warnings"] == []  # calibrated on the rows given, not random inputs
-    assert result.report["sample_source"].startswith("calibration (last 8 rows")
+    assert result.report["sample_source"].startswith("calibration (8 rows drawn, held out")
     assert result["iot"].precision == "static_int8" and result["iot"].metrics["runtime"] == "tflite-micro"
 
 

@@ -45,13 +45,15 @@ def test_float16_error_the_precision_explains_passes_android(tmp_path):
 
 def test_beyond_what_float16_explains_fails_or_keeps_layers_in_float(tmp_path):
     net, x = Cancelling(0.005).eval(), (torch.randn(1, 64),)
-    r = tc.convert(net, x, targets="android", out=tmp_path / "plain", latency=False, refine_rounds=0)
+    # 8 random rows as before issue 19: over 64, XNNPACK's float32 noise on this cancelling output (RMS 2e-3)
+    # exceeds desktop's elementwise bound on one row, and the float32 gate fails first
+    r = tc.convert(net, x, targets="android", out=tmp_path / "plain", latency=False, refine_rounds=0, samples=8)
     android = r["android"]
     assert not android.passed and android.precision == "float16"
     assert any("cosine" in x for x in android.reasons), android.reasons
     assert android.metrics["cosine"] < 0.999
     # the accuracy-aware rounds keep the layers float16 hurts in float32, and then it passes
-    r = tc.convert(net, x, targets="android", out=tmp_path / "refined", latency=False)
+    r = tc.convert(net, x, targets="android", out=tmp_path / "refined", latency=False, samples=8)
     android = r["android"]
     assert android.passed and android.kept_float and android.kept_float["layers"], android.reasons
     assert android.metrics["cosine"] > 0.9999

@@ -24,7 +24,11 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
 @click.option("--trust-pickle", is_flag=True, help="Allow unpickling a whole nn.Module (runs code from the file).")
 @click.option("--calib", type=click.Path(), default=None, help=".npz of representative inputs for static int8 (not for LM folders).")
 @click.option("--eval-data", type=click.Path(), default=None, help=".npz of parity inputs (LM folders: use --prompts).")
-@click.option("--samples", default=8, show_default=True, type=int, help="Parity inputs (LMs: prompts) per target.")
+@click.option("--samples", default=None, type=int,
+              help="Parity rows per target [default: all of --eval-data, else 64 drawn; LMs: 8 prompts].")
+@click.option("--output-kind", "output_kinds", multiple=True, metavar="NAME=KIND",
+              help="What an output is, which decides how it is judged: logits, probabilities, regression, embedding, "
+                   "dense_map, token_logits (repeat per output; default: inferred from the graph, else unknown).")
 @click.option("--atol", type=float, default=None, help="Override the targets' absolute tolerance.")
 @click.option("--rtol", type=float, default=None, help="Override the targets' relative tolerance.")
 @click.option("--min-cosine", type=float, default=None, help="Override the targets' minimum cosine similarity.")
@@ -42,7 +46,7 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
               help="LMs: tokens per prefill call [default: min(32, max-len)].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_pickle, calib, eval_data, samples,
-            atol, rtol, min_cosine, seed, refine_rounds, no_latency, profile_dir, prompts, lm_max_len, lm_prefill_len,
+            output_kinds, atol, rtol, min_cosine, seed, refine_rounds, no_latency, profile_dir, prompts, lm_max_len, lm_prefill_len,
             as_json):
     """Convert MODEL to LiteRT artifacts for each target and check each on its runtime.
 
@@ -60,7 +64,8 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
     result = convert(model, targets=targets, out=out, calibration=calib,
                      progress=lambda msg: click.echo(f"  {msg}", err=True),
                      input_shapes=tuple(input_shapes), model_class=model_class, model_kwargs=model_kwargs,
-                     trust_pickle=trust_pickle, eval_data=eval_data, samples=samples, atol=atol, rtol=rtol,
+                     trust_pickle=trust_pickle, eval_data=eval_data, samples=samples,
+                     output_kinds=tuple(output_kinds), atol=atol, rtol=rtol,
                      min_cosine=min_cosine, seed=seed, refine_rounds=refine_rounds, latency=not no_latency,
                      profile_dir=profile_dir, prompts=prompts, lm_max_len=lm_max_len, lm_prefill_len=lm_prefill_len)
     if as_json:
