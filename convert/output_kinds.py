@@ -40,11 +40,12 @@ from tpu_pipeline.registry import Registry
 # inside it is undecided even in float32, and a flip there is no precision loss.
 TIE_NOISE = 1e-4
 WILSON_Z = 1.96  # 95% two-sided interval for agreement figures
-# Error bounds apply to this quantile over rows of each row's largest error, not to the single worst
-# element: a systematic error (a clipped int8 range: every row) fails, one outlier row among 64+
-# does not decide alone, and the verdict does not follow which rows were drawn (issue 19: it flipped
-# between redraws of 8 rows). The worst row is still reported.
-ROW_QUANTILE = 0.95
+# Error bounds apply to the mean over rows of each row's largest error, not to the single worst element
+# nor to a tail quantile: a systematic error (a clipped int8 range: every row) moves it, while the
+# heavy tail of int8 rounding (a few rows of 64 losing much of one probability, their top-1 intact)
+# made a 95th percentile flip between redraws of the same model (0.03-0.14 over 5 seeds for the
+# pitch tracker in tests/support/trained_models.py); rows that change their answer are what top-1
+# and the flip rate count. The worst row is still reported.
 
 
 def wilson(k: int, n: int, z: float = WILSON_Z) -> list[float]:
@@ -109,21 +110,24 @@ def _top1_checks(m: dict, prof) -> list[tuple]:
     return rows
 
 
-def _row_quantile(err: np.ndarray) -> float:
-    """ROW_QUANTILE over rows of each row's largest value."""
+def _row_mean(err: np.ndarray) -> float:
+    """The mean over rows of each row's largest value."""
     per_row = err.reshape(len(err), -1).max(1, initial=0.0)
-    return float(np.quantile(per_row, ROW_QUANTILE)) if len(per_row) else 0.0
+    return float(per_row.mean()) if len(per_row) else 0.0
 
 
-def _prob_figures(d: np.ndarray) -> dict:
-    return {"prob_error": _row_quantile(d), "prob_max_abs": float(d.max(initial=0.0)),
-            "prob_mean_abs": float(d.mean()) if d.size else 0.0}
+def _prob_figures(pr: np.ndarray, pg: np.ndarray) -> dict:
+    d = np.abs(pg - pr)
+    rows_r, rows_d = pr.reshape(-1, pr.shape[-1]), d.reshape(-1, d.shape[-1])
+    conf = rows_d[np.arange(len(rows_r)), rows_r.argmax(1)]  # the error of the probability PyTorch ranks first
+    return {"prob_error": _row_mean(d), "prob_max_abs": float(d.max(initial=0.0)),
+            "prob_mean_abs": float(d.mean()) if d.size else 0.0, "confidence_error_mean": float(conf.mean())}
 
 
 def _prob_checks(m: dict, prof) -> list[tuple]:
     rows = _top1_checks(m, prof) if "top1" in m else []
     rows.append(("probability_error", m["prob_error"], prof.max_prob_error, m["prob_error"] <= prof.max_prob_error,
-                 f"probabilities off by {m['prob_error']:.3g} on {ROW_QUANTILE:.0%} of rows (worst "
+                 f"probabilities off by {m['prob_error']:.3g} (each row's largest error, mean over rows; worst "
                  f"{m['prob_max_abs']:.3g}, mean {m['prob_mean_abs']:.3g}; bound {prof.max_prob_error})"))
     return rows
 
@@ -134,7 +138,7 @@ def _logits() -> OutputKind:
     def figures(r, g):
         out = _top1(r, g) if r.ndim >= 2 and r.shape[-1] > 1 else {}
         pr, pg = (_softmax(r), _softmax(g)) if r.shape[-1] > 1 else (1 / (1 + np.exp(-r)), 1 / (1 + np.exp(-g)))
-        return {**out, **_prob_figures(np.abs(pg - pr))}
+        return {**out, **_prob_figures(pr, pg)}
     return OutputKind(figures, _prob_checks)
 
 
@@ -149,7 +153,7 @@ def _probabilities() -> OutputKind:
     """probabilities (a final softmax or sigmoid): top-1 agreement where there are classes, absolute error"""
     def figures(r, g):
         out = _top1(r, g) if r.ndim >= 2 and r.shape[-1] > 1 else {}
-        return {**out, **_prob_figures(np.abs(g - r))}
+        return {**out, **_prob_figures(r, g)}
     return OutputKind(figures, _prob_checks)
 
 
@@ -163,14 +167,14 @@ def _regression() -> OutputKind:
         floor = max(float(np.abs(rf).mean()), np.finfo(np.float64).tiny) if rf.size else 1.0
         std = np.where(std > 1e-12 * floor, std, floor)
         rel = np.abs(gf - rf) / std
-        return {"rel_err": _row_quantile(rel), "rel_err_max": float(rel.max(initial=0.0)),
+        return {"rel_err": _row_mean(rel), "rel_err_max": float(rel.max(initial=0.0)),
                 "rel_err_mean": float(rel.mean()) if rel.size else 0.0,
                 "reference_spread": float(std.mean()) if std.size else 0.0}
 
     def checks(m, prof):
         return [("regression_error", m["rel_err"], prof.max_regression_error, m["rel_err"] <= prof.max_regression_error,
-                 f"error {m['rel_err']:.3g} x the reference's spread over the eval rows on {ROW_QUANTILE:.0%} of rows "
-                 f"(worst {m['rel_err_max']:.3g}; bound {prof.max_regression_error})"),
+                 f"error {m['rel_err']:.3g} x the reference's spread over the eval rows (each row's largest, mean over rows; "
+                 f"worst {m['rel_err_max']:.3g}; bound {prof.max_regression_error})"),
                 ("regression_error_mean", m["rel_err_mean"], prof.max_regression_mean_error,
                  m["rel_err_mean"] <= prof.max_regression_mean_error,
                  f"mean error {m['rel_err_mean']:.3g} x the reference's spread (bound {prof.max_regression_mean_error})")]

@@ -73,9 +73,9 @@ def _kind_figures(m: dict) -> str:
         parts.append(f"top-1 agreement {m['top1_judged']:.3f}{_interval(m, 'top1_judged')}, flips {m['flip_rate']:.1%} "
                      f"({m['top1_near_ties']} near-ties) of {m['top1_rows']} rows")
     if "prob_max_abs" in m:
-        parts.append(f"probability error {m['prob_error']:.3g} (95% of rows), worst {m['prob_max_abs']:.3g}, mean {m['prob_mean_abs']:.3g}")
+        parts.append(f"probability error {m['prob_error']:.3g} (largest per row, mean over rows), worst {m['prob_max_abs']:.3g}, mean {m['prob_mean_abs']:.3g}")
     if "rel_err" in m:
-        parts.append(f"error / reference spread: {m['rel_err']:.3g} (95% of rows), worst {m['rel_err_max']:.3g}, mean {m['rel_err_mean']:.3g}")
+        parts.append(f"error / reference spread: {m['rel_err']:.3g} (largest per row, mean over rows), worst {m['rel_err_max']:.3g}, mean {m['rel_err_mean']:.3g}")
     if "nn_agreement" in m:
         parts.append(f"nearest-neighbour agreement {m['nn_agreement']:.3f}{_interval(m, 'nn_agreement')}")
     if "pixel_agreement" in m:

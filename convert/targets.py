@@ -73,8 +73,8 @@ class TargetProfile:
     check_abs: bool
     # per output kind (convert/output_kinds.py); defaults are desktop's float32 bounds
     max_flip_rate: float = 0.0           # class scores/probabilities: share of rows whose top-1 may flip at all
-    max_prob_error: float = 1e-3         # class scores/probabilities: |error| on the probability scale (95% of rows)
-    max_regression_error: float = 1e-3   # regression: |error| / the reference's spread over the eval rows (95% of rows)
+    max_prob_error: float = 1e-3         # class scores/probabilities: |error| on the probability scale (largest per row, mean over rows)
+    max_regression_error: float = 1e-3   # regression: |error| / the reference's spread over the eval rows (largest per row, mean over rows)
     max_regression_mean_error: float = 1e-4  # regression: mean |error| / the reference's spread
     min_nn_agreement: float = 1.0        # embeddings: nearest-neighbour agreement over the eval rows
     min_pixel_agreement: float = 1.0     # dense maps with classes: per-pixel argmax agreement
