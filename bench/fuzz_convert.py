@@ -73,9 +73,12 @@ def main() -> int:
         if any(bad.values()) and len(findings) < 20:
             findings.append({"seed": s.name, "how": how, "exit": o.exit_code, "outside": o.outside[:3],
                              "traceback": (o.traceback or "")[-1500:]})
+        if a.json and counts["inputs"] % 50 == 0:  # partial figures on disk: a long run cut short still counts
+            a.json.write_text(json.dumps({**counts, "exit_codes": dict(codes), "partial": True,
+                                          "wall_s": round(time.perf_counter() - t0, 1), "findings": findings}))
 
+    t0 = time.perf_counter()
     with (F.load_stage_only() if a.mode == "cli" else _nothing()):
-        t0 = time.perf_counter()
         one()
         wall = time.perf_counter() - t0
     out = {**counts, "exit_codes": dict(sorted(codes.items())), "by_seed": dict(sorted(by_seed.items())),
