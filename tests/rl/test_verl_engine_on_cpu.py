@@ -1,9 +1,11 @@
 """--engine verl: the recipe composes against VeRL's own ppo_trainer.yaml (with
-hydra, on CPU) and a real launch without an accelerator stops early, exit 2."""
+hydra, on CPU); options VeRL cannot express and a CPU host without the verl-cpu
+extra stop early, exit 2. The real launch: test_verl_launch_on_cpu.py."""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
@@ -87,14 +89,50 @@ def test_ray_address_makes_a_ray_job_submit(tmp_path, tiny_policy):
                            + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
     assert r.exit_code == 0, r.output
     res = json.loads(r.output[r.output.index('{\n  "engine"'):])
-    assert res["command"].startswith("ray job submit --address http://head:8265 -- python -m verl.trainer.main_ppo")
+    assert res["command"].split()[0].endswith("ray")
+    assert " job submit --address http://head:8265 -- python -m verl.trainer.main_ppo" in res["command"]
+    c = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in res["overrides"]}
+    # a cluster's workers do not inherit this process's environment: the CPU plugin goes in runtime_env
+    assert c["+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"] == \
+        "tpu_pipeline.rl.verl_cpu_platform"
 
 
-def test_real_launch_without_accelerator_stops_early_exit_2(tmp_path, tiny_policy, monkeypatch):
+def test_cpu_overrides_compose_and_name_the_plugin(dry):
+    from omegaconf import OmegaConf
+
+    _, res = dry
+    assert res["device"] == "cpu"
+    c = OmegaConf.load(res["config"])
+    a = c.actor_rollout_ref
+    assert c.trainer.device == "cpu" and a.actor.strategy == "fsdp2"
+    assert a.rollout.engine_kwargs.vllm.worker_extension_cls == "tpu_pipeline.rl.verl_cpu_vllm.CpuWorkerExtension"
+    assert a.rollout.enable_sleep_mode is False and a.rollout.free_cache_engine is False
+    assert c.ray_kwargs.ray_init.num_gpus == 1 and c.ray_kwargs.ray_init.num_cpus >= 8
+    assert c.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
+    assert "hf_model" in a.actor.checkpoint.save_contents
+    assert any("drop_uniform_groups" in d for d in res["departures"])
+
+
+@pytest.mark.parametrize("flag, msg", [
+    (["--time-budget", "60"], "VeRL's trainer stops at a step count; pass --steps N"),
+    (["--steps", "2", "--set", "algorithm.filter_groups.enable=true"], "filter_groups (DAPO's dynamic sampling)"),
+    (["--steps", "2", "--kernels", "pallas"], "trainer.kernels=pallas"),
+])
+def test_recipe_option_verl_cannot_express_is_refused_exit_2(tmp_path, tiny_policy, flag, msg):
+    out = tmp_path / "v"
+    r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--policy", str(tiny_policy), "--out", str(out), *flag]
+                           + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
+    assert r.exit_code == 2, r.output
+    assert msg in r.output and "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+    assert not out.exists()  # nothing half-written
+
+
+def test_cpu_host_without_the_extra_stops_early_exit_2(tmp_path, tiny_policy, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("TPU_PIPELINE_VERL_PYTHON", sys.executable)  # the main venv: no vllm there
     t0 = time.time()
     r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--policy", str(tiny_policy), "--out", str(tmp_path / "v"),
                                  "--steps", "2"] + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
-    assert r.exit_code == 2
-    assert "needs a GPU, NPU or TPU and none is visible here" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2, r.output
+    assert "install the verl-cpu extra" in r.output and "Traceback" not in r.output
     assert time.time() - t0 < 120  # never waits on Ray

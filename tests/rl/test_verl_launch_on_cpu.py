@@ -1,0 +1,173 @@
+"""`rl --engine verl` for real on this CPU host: VeRL's Ray trainer (FSDP2 on gloo,
+vLLM's CPU rollout) trains the tiny policy for 3 steps, the run folder holds what
+the local engine writes, and no Ray or vLLM process outlives the command. Also:
+the supervisor stops every process it started, and a Ray cluster that cannot be
+reached or a policy vLLM cannot load is one line with exit 6."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tpu_pipeline.cli import cli
+from tpu_pipeline.rl.verl_launch import EXIT_TRAINER, MARKER, supervise, survivors
+
+from .conftest import SMALL
+
+SPAWN = textwrap.dedent("""
+    import os, subprocess, sys
+    a = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    b = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    print(a.pid, b.pid, flush=True)
+    if sys.argv[1] == "exit":
+        sys.exit(3)
+    import time; time.sleep(300)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _marked_processes() -> list[int]:
+    """Processes of any --engine verl run (their environment carries the marker)."""
+    pids = []
+    for e in Path("/proc").iterdir():
+        if e.name.isdigit() and int(e.name) != os.getpid():
+            try:
+                if f"{MARKER}=".encode() in (e / "environ").read_bytes() and _alive(int(e.name)):
+                    pids.append(int(e.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.parametrize("mode", ["exit", "hang"])
+def test_supervisor_stops_every_process_it_started(tmp_path, mode):
+    log = tmp_path / "log.txt"
+    out = supervise([sys.executable, "-c", SPAWN, mode], dict(os.environ), log, timeout_s=None if mode == "exit" else 5)
+    pids = [int(x) for x in log.read_text().split()[:2]]
+    assert out.survivors == []
+    assert not any(_alive(p) for p in pids)  # the one in its own session too: found by the marker
+    assert (out.returncode == 3) if mode == "exit" else out.returncode != 0
+
+
+def test_interrupt_stops_the_cluster_and_reraises(tmp_path):
+    log = tmp_path / "log.txt"
+    t0 = time.monotonic()
+
+    def interrupt():
+        if log.is_file() and len(log.read_text().split()) >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        supervise([sys.executable, "-c", SPAWN, "hang"], dict(os.environ), log, on_poll=interrupt)
+    pids = [int(x) for x in log.read_text().split()[:2]]
+    assert not any(_alive(p) for p in pids) and time.monotonic() - t0 < 60
+
+
+def test_unreachable_ray_cluster_is_one_line_exit_6(tmp_path, tiny_policy):
+    out = tmp_path / "v"
+    before = set(_marked_processes())  # another run on this machine keeps its own
+    r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--ray-address", "http://127.0.0.1:9", "--steps", "2",
+                                 "--policy", str(tiny_policy), "--out", str(out)]
+                           + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
+    assert r.exit_code == EXIT_TRAINER, r.output
+    last = r.output.strip().splitlines()[-1]
+    assert last.startswith("Error: --engine verl: Ray could not start") and "no checkpoint was saved" in last
+    assert "Traceback" not in r.output and set(_marked_processes()) <= before
+
+
+def _need_the_extra():
+    from tpu_pipeline.rl.verl_bridge import cpu_backend_missing, trainer_python
+
+    missing = cpu_backend_missing(trainer_python())
+    if missing:
+        pytest.skip(f"the verl-cpu extra is not installed ({missing}); `make install` builds .venv-verl")
+
+
+@pytest.fixture(scope="module")
+def verl_policy(tmp_path_factory) -> Path:
+    """The rl tests' tiny Llama with head_dim 64: vLLM's CPU attention has no kernel for the
+    shared tiny policy's head_dim 16 (test_vllm_that_cannot_load_the_policy_is_one_line_exit_6)."""
+    import torch
+
+    from tpu_pipeline.train.tasks import char_lm
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("verl_policy")
+    char_lm.build_model(hidden_size=128, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                        num_key_value_heads=2).save_pretrained(out)
+    char_lm.build_tokenizer().save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def verl_run(tmp_path_factory, verl_policy):
+    _need_the_extra()
+    tiny_policy = verl_policy
+    out = tmp_path_factory.mktemp("verl_run") / "run"
+    before = set(_marked_processes())  # another run on this machine keeps its own
+    t0 = time.time()
+    with pytest.MonkeyPatch.context() as mp:
+        # a reward a random policy earns about half the time (the recipe's is ~0 for it, so no gradient):
+        # VeRL's reward workers import it as pkg://rewards_for_tests, from PYTHONPATH
+        mp.syspath_prepend(str(Path(__file__).parent))  # and this process, for eval.json's scores
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+        r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--steps", "3", "--policy", str(tiny_policy),
+                                     "--reward", "rewards_for_tests:odd_char_sum", "--out", str(out)]
+                               + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
+    return out, r, time.time() - t0, set(_marked_processes()) - before
+
+
+@pytest.mark.slow
+def test_three_verl_steps_train_the_policy_and_leave_no_process(verl_run, verl_policy):
+    from safetensors.torch import load_file
+
+    out, r, seconds, left = verl_run
+    assert r.exit_code == 0, r.output + (out / "verl" / "trainer.log").read_text()[-4000:]
+    assert left == set()  # no Ray, vLLM or trainer process outlived the command
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    for row in rows:
+        assert 0.0 <= row["reward"] <= 1.0 and 0.0 <= row["accuracy"] <= 1.0
+        assert row["step_seconds"] > 0 and row["rollout_seconds"] > 0 and row["response_length"] > 0
+    assert any(0.0 < row["reward"] < 1.0 for row in rows)  # mixed groups: a gradient to follow
+    evals = json.loads((out / "eval.json").read_text())
+    assert evals["engine"] == "verl" and evals["steps"] == 3 and evals["leftover_processes"] == []
+    assert evals["before"]["n"] == evals["after"]["n"] == SMALL["data.heldout_n"]
+    assert 0.0 <= evals["after"]["accuracy"] <= 1.0 and Path(evals["curve"]).is_file()
+    # policy/ is a Hugging Face folder of the trained weights: same tensors, moved by 3 updates
+    start, trained = load_file(verl_policy / "model.safetensors"), load_file(out / "policy" / "model.safetensors")
+    assert start.keys() == trained.keys()
+    moved = [k for k in start if not (start[k].float() - trained[k].float()).abs().max() == 0]
+    assert moved, "VeRL's 3 steps left every weight where it started"
+    assert (out / "policy" / "tokenizer.json").is_file() and (out / "policy" / "config.json").is_file()
+    assert not (out / "policy" / "chat_template.jinja").exists()  # the start had none
+    print(f"verl 3-step launch: {seconds:.0f} s wall, startup {evals['startup_seconds']} s, "
+          f"steps {[round(r['step_seconds'], 2) for r in rows]}")
+
+
+@pytest.mark.slow
+def test_vllm_that_cannot_load_the_policy_is_one_line_exit_6(tmp_path, tiny_policy):
+    _need_the_extra()
+    out = tmp_path / "v"
+    before = set(_marked_processes())
+    r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--steps", "2", "--policy", str(tiny_policy),
+                                 "--out", str(out)] + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
+    assert r.exit_code == EXIT_TRAINER, r.output
+    last = r.output.strip().splitlines()[-1]
+    assert last.startswith("Error: --engine verl: vLLM could not load the policy") and "head_dim=16" in last
+    assert "no checkpoint was saved" in last and "Traceback" not in r.output
+    assert set(_marked_processes()) <= before
