@@ -120,3 +120,32 @@ def test_verl_internals_the_plugin_wraps_exist_and_work(verl_python):
     assert out["extension"] is True
     assert out["vllm_version"] and "+cpu" in out["vllm_version"]
     assert "wrap.initialize_global_process_group_ray" in out["called"]
+
+
+# Hooks the CPU plugin overrides that the TPU platform leaves to PlatformBase, each with why.
+TPU_INHERITS = {
+    "rollout_env_vars": "PlatformBase's {}: vLLM's TPU backend selects itself (not verified on TPU hardware)",
+}
+
+
+def test_tpu_platform_implements_the_hooks_the_cpu_run_needed(monkeypatch):
+    """The CPU plugin is the one VeRL's trainer has run on here: every hook it had to
+    provide, the TPU platform provides too (or inherits, for a reason listed above)."""
+    import sys
+
+    from verl.plugin.platform import PlatformRegistry
+
+    from tpu_pipeline.rl.tpu_platform import _platform_class
+
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    sys.modules.pop("tpu_pipeline.rl.verl_cpu_platform", None)
+    try:
+        from tpu_pipeline.rl.verl_cpu_platform import register
+
+        cpu = {n for n in vars(register()) if not n.startswith("_")}
+    finally:
+        PlatformRegistry._platforms.pop("cpu", None)
+        sys.modules.pop("tpu_pipeline.rl.verl_cpu_platform", None)
+    tpu = {n for n in vars(_platform_class()) if not n.startswith("_")}
+    assert len(cpu) >= 20
+    assert cpu - tpu == set(TPU_INHERITS), f"TPU platform lacks {sorted(cpu - tpu - set(TPU_INHERITS))}"
