@@ -25,16 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tpu_pipeline.errors import PipelineError
+from tpu_pipeline.errors import TrainerError
 
 MARKER = "TPU_PIPELINE_VERL_RUN"
-EXIT_TRAINER = 6  # VeRL's trainer failed at run time (Ray, vLLM, a worker): the run, not the input
-
-
-class TrainerError(PipelineError):
-    """VeRL's trainer failed while running; the last good checkpoint is kept."""
-
-    exit_code = EXIT_TRAINER
 
 
 # (pattern in the trainer's log, what the user is told), first match wins; most specific first.

@@ -14,6 +14,7 @@ EXIT_BAD_INPUT = 2      # bad arguments, files or config; also "not built yet"
 EXIT_CONVERSION = 3     # conversion or target compatibility failed
 EXIT_PARITY = 4         # an artifact converted but did not match PyTorch
 EXIT_DIVERGED = 5       # training or RL produced NaN/inf: the run, not the input, went wrong
+EXIT_TRAINER = 6        # a distributed trainer failed at run time (Ray, vLLM, a worker): the run, not the input
 
 
 class PipelineError(Exception):
@@ -48,3 +49,10 @@ class DivergedError(PipelineError):
     """
 
     exit_code = EXIT_DIVERGED
+
+
+class TrainerError(PipelineError):
+    """A distributed trainer (VeRL on Ray) failed while running: Ray could not start, vLLM
+    could not load the policy, a worker died. The last good checkpoint is kept."""
+
+    exit_code = EXIT_TRAINER

@@ -17,7 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
-from tpu_pipeline.rl.verl_launch import EXIT_TRAINER, MARKER, supervise, survivors
+from tpu_pipeline.errors import EXIT_TRAINER
+from tpu_pipeline.rl.verl_launch import MARKER, supervise, survivors
 
 from .conftest import SMALL
 

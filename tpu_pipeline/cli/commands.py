@@ -16,7 +16,7 @@ COMMANDS: Registry[click.Command] = Registry(
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 unexpected error (rerun with --debug); 2 bad input or "
     "not built yet; 3 conversion/compatibility failure; 4 parity failure; 5 training "
-    "diverged (NaN/inf loss)."
+    "diverged (NaN/inf loss); 6 a distributed trainer failed while running (Ray, vLLM, a worker)."
 )
 
 
