@@ -136,7 +136,11 @@ def load_object(model: nn.Module | torch.export.ExportedProgram, sample_args: An
 
 def _sniff(path: Path) -> str:
     """export | torchscript | torch-save, from the zip listing (no unpickling)."""
-    if not zipfile.is_zipfile(path):
+    try:
+        is_zip = zipfile.is_zipfile(path)
+    except Exception as e:  # noqa: BLE001 - is_zipfile itself raises on some end records ("span multiple disks")
+        raise UserError(f"{path} is a damaged zip archive ({first_line(e)}); the file may be truncated") from None
+    if not is_zip:
         # Legacy (non-zip) torch.save files start with a pickle protocol byte.
         with open(path, "rb") as f:
             head = f.read(2)

@@ -322,3 +322,19 @@ def test_pt2_with_a_pickle_inside_never_runs_it(tmp_path, monkeypatch):
     assert not (tmp_path / PWNED).exists()
     res = CliRunner().invoke(cli, ["convert", str(tmp_path / "seeds" / "evil.pt2"), "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "Traceback" not in res.output and not (tmp_path / PWNED).exists()
+
+
+def test_zip_end_record_naming_several_disks_is_bad_input(tmp_path):
+    """zipfile.is_zipfile raises on this end record (found by bench/fuzz_convert.py)."""
+    import io
+
+    b = io.BytesIO()
+    torch.save({"w": torch.zeros(2)}, b)
+    data = bytearray(b.getvalue())
+    loc = data.rfind(b"PK\x06\x07")  # torch writes zip64 records; the locator's disk count
+    assert loc >= 0
+    data[loc + 16:loc + 20] = (2).to_bytes(4, "little")  # 2 disks: a multi-disk archive
+    (tmp_path / "m.pt").write_bytes(bytes(data))
+    with pytest.raises(UserError, match="damaged zip archive") as e:
+        load_model(tmp_path / "m.pt")
+    assert "cannot load it" not in str(e.value)  # named, not the backstop
