@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -20,7 +20,10 @@ class ConvertOptions:
     trust_pickle: bool = False
     calib: str | Path | Sequence | None = None  # .npz of representative inputs (static int8 calibration), or rows
                                      # (Python API: each a tuple of tensors, one per input)
-    eval_data: str | Path | None = None  # .npz of parity inputs
+    eval_data: str | Path | None = None  # .npz of parity inputs (+ a `labels` array), or a folder of samples
+                                         # (one .npy/.npz each, labels in labels.csv): convert/eval_data.py
+    metric: str | Callable | None = None  # task metric(outputs, labels) -> float: "module:function" or a function
+                                         # (None: built-in by output kind when the eval data has labels)
     samples: int | None = None           # parity rows per target (None: all of --eval-data, else at least
                                          # DEFAULT_SAMPLES drawn; LMs: PROMPTS_DEFAULT prompts)
     output_kinds: dict[str, str] | Sequence[str] = dataclasses.field(default_factory=dict)  # output name -> kind
@@ -41,7 +44,8 @@ class ConvertOptions:
 FLAGS = {"input_shapes": "--input-shape", "model_class": "--model-class", "model_kwargs": "--model-kwargs",
          "trust_pickle": "--trust-pickle", "calib": "--calib", "eval_data": "--eval-data", "prompts": "--prompts",
          "lm_max_len": "--max-len", "lm_prefill_len": "--prefill-len", "latency": "--no-latency",
-         "refine_rounds": "--refine-rounds", "output_kinds": "--output-kind"}
+         "refine_rounds": "--refine-rounds", "output_kinds": "--output-kind",
+         "metric": "--metric"}
 
 DEFAULT_SAMPLES = 64  # parity rows drawn when no --eval-data gives them all: a verdict that 8 rows decided
                       # flipped between redraws (issue 19)

@@ -138,6 +138,34 @@ def _accelerators(p: dict) -> str:
     return "<br>".join(lines)
 
 
+def _ci(ci) -> str:
+    return f" (95% CI {ci[0]:.4g} to {ci[1]:.4g})" if ci else ""
+
+
+def _task(t: dict | None, where: str = "") -> str:
+    """The task score over the labelled eval set (task_score.py): the artifact's with its interval,
+    PyTorch's, the drop with its paired interval, the profile's bound and the verdict."""
+    if not t:
+        return ""
+    e = html.escape
+    head = f"<b>task {e(t['metric'])}{e(where)}</b> over {t['rows']} labelled rows on {e(t['runtime'])}: "
+    if "score" not in t:
+        return head + f"<b>FAIL</b>: {e(t.get('reason', ''))}"
+    return (head + f"{t['score']:.4g}{_ci(t['interval'])} vs PyTorch {t['torch_score']:.4g}{_ci(t['torch_interval'])}; "
+            f"drop {t['drop']:.4g}{_ci(t['drop_interval'])}, bound {t['max_drop']:g}: "
+            + ("pass" if t["passed"] else "<b>FAIL</b>"))
+
+
+def _task_parity(p: dict) -> str:
+    """The task line(s) of a target, and the numeric verdict it overrode, if any."""
+    lines = [_task(p.get("task")), _task((p.get("browser") or {}).get("task"), " in the browser")]
+    nv = p.get("numeric_verdict")
+    if nv and p.get("task"):
+        lines.append("numeric parity (reported; with labels the task decides): "
+                     + ("pass" if nv["passed"] else "would fail: " + html.escape("; ".join(nv["reasons"][:2]))))
+    return "<br>".join(x for x in lines if x)
+
+
 def render_html(report: dict) -> str:
     e = html.escape
     rows = []
@@ -156,6 +184,8 @@ def render_html(report: dict) -> str:
                     + ("<br>prefill " + figs if figs else ""))
         acc = _accelerators(p)
         figs = f"{figs}<br>{acc}" if acc and figs else figs or acc
+        task = _task_parity(p)
+        figs = f"{task}<br>{figs}" if task and figs else figs or task
         lat = t.get("latency_ms") or {}
         per = " per token" if "unit" in lat else ""  # decode-ready LMs: per generated token
         lat_s = (f"{lat['artifact']:.3f} ms{per} vs torch {lat['torch_eager']:.3f} ms" if lat.get("artifact") is not None
@@ -175,6 +205,10 @@ def render_html(report: dict) -> str:
     plot = f"<h2>Parity error per target and output</h2><div>{img}</div>" if img else "<p>(no parity figures)</p>"
     skipped = [f"{n}: skipped ({why})" for n, why in report.get("skipped_targets", {}).items()]
     notes = "".join(f"<li>{e(n)}</li>" for n in report.get("notes", []) + report.get("warnings", []) + skipped)
+    if report.get("task"):
+        tk = report["task"]
+        notes = (f"<li>task metric {e(tk['metric'])} ({e(tk['chosen'])}) on {tk['rows']} labelled rows from "
+                 f"{e(tk['labels_from'])}: PyTorch {tk['torch_score']:.4g}{_ci(tk['torch_interval'])}</li>" + notes)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>convert: {e(report['model'])}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;font-size:13px}}

@@ -78,6 +78,7 @@ class TargetProfile:
     max_regression_mean_error: float = 1e-4  # regression: mean |error| / the reference's spread
     min_nn_agreement: float = 1.0        # embeddings: nearest-neighbour agreement over the eval rows
     min_pixel_agreement: float = 1.0     # dense maps with classes: per-pixel argmax agreement
+    max_task_drop: float = 0.005         # with labelled eval data: PyTorch's task score minus the artifact's (metric units)
     min_psnr_db: float = 60.0            # dense maps without classes (depth): PSNR over the reference's range
     min_teacher_forced_top1: float = 0.99  # LMs, quantized bundles: next-token top-1 agreement on held-out text
     max_mean_kl: float = 0.01            # LMs, quantized bundles: mean KL(float || variant) per token, nats

@@ -89,6 +89,7 @@ class CausalLMKind(ModelKind):
         "calib": "does not apply to a causal LM: static int8 of a KV-cache LM is not built, its targets use float "
                  "or weight/dynamic int8 and int4 recipes (profile lm_precisions)",
         "eval_data": "does not apply to a causal LM: its parity inputs are prompts (pass --prompts FILE, one per line)",
+        "metric": "does not apply to a causal LM: it scores labelled --eval-data rows of a fixed-shape model",
     }
     app_files = True  # the LM snippets (snippets.py) run model.litertlm with LiteRT-LM's Kotlin/Swift API
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tpu_pipeline.convert import output_kinds, parity
+from tpu_pipeline.convert import eval_data, output_kinds, parity, task_score
 from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs
 from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
@@ -34,6 +34,7 @@ from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo, inspect_model
 from tpu_pipeline.convert.tool_output import first_line
 from tpu_pipeline.errors import UserError
+from tpu_pipeline.user_code import load_function
 
 CALIB_RANDOM_SAMPLES = 16
 REFERENCE_SAMPLES = 2
@@ -56,8 +57,14 @@ class ModuleKind(ModelKind):
 
     def __init__(self, m: LoadedModel, samples: list[list[np.ndarray]], sample_source: str,
                  calib_data: list[list[np.ndarray]] | None, ref: list[list[np.ndarray]],
-                 given_kinds: dict[str, str] | None = None):
+                 given_kinds: dict[str, str] | None = None, eval_set: eval_data.EvalData | None = None,
+                 eval_ref: list[list[np.ndarray]] | None = None, metric=None, seed: int = 0):
         self.m, self.samples, self.sample_source, self.ref = m, samples, sample_source, ref
+        # labelled eval rows (task_score.py): PyTorch's outputs on all of them; the task is scored once
+        # the float graph has said what each output is (export_float)
+        self.eval_set, self.eval_ref, self.metric_spec, self.seed = eval_set, eval_ref, metric, seed
+        self.task: task_score.TaskScore | None = None
+        self._eval_got: dict[tuple[int, str], tuple[bytes, list]] = {}
         self.given_kinds = dict(given_kinds or {})
         # per output: (kind, where it came from); decided once the float graph is known (export_float)
         self.kinds: list[tuple[str, str]] = [self._kind_without_graph(k) for k in range(len(ref[0]))]
@@ -92,12 +99,26 @@ class ModuleKind(ModelKind):
             calib_data, calib_source = _sample_rows(o.calib, m), "calibration"
         elif m.calibration is not None:
             calib_data, calib_source = _rows(m.calibration, m), "the manifest's calibration_inputs"
-        eval_data = _read_npz(o.eval_data, m, "--eval-data") if o.eval_data else None
-        samples, source, calib_data = _parity_samples(m, eval_data, calib_data, calib_source, o.samples, rng)
+        ev = eval_data.read(o.eval_data, _input_specs(m), "--eval-data") if o.eval_data else None
+        if o.metric is not None and (ev is None or ev.labels is None):
+            raise UserError("--metric scores the model against labels: give --eval-data FILE.npz with a "
+                            f"{eval_data.LABELS_KEY!r} array, or a samples folder with {eval_data.LABELS_FILE}")
+        if isinstance(o.metric, str):
+            load_function(o.metric, "--metric")  # a metric that cannot be imported: exit 2 before any work
+        overlap = None
+        if ev is not None and calib_data:
+            calib_data, overlap = _without_rows(calib_data, ev.rows, calib_source)
+        samples, source, calib_data = _parity_samples(m, ev.rows if ev else None, calib_data, calib_source,
+                                                      o.samples, rng)
         try:
             with torch.no_grad(), torch_threads():
                 ref = [[t.float().numpy() for t in flatten_outputs(m.module(*[torch.from_numpy(x) for x in s]))]
                        for s in samples]
+                eval_ref = None
+                if ev is not None and ev.labels is not None:
+                    eval_ref = ref if samples is ev.rows else [
+                        [t.float().numpy() for t in flatten_outputs(m.module(*[torch.from_numpy(x) for x in s]))]
+                        for s in ev.rows]
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001 - rows the model cannot run (token ids beyond its table, ...) are bad input
@@ -109,7 +130,11 @@ class ModuleKind(ModelKind):
         if stray:
             raise UserError(f"--output-kind {stray[0]}: the model has no output of that name (outputs: "
                             f"{', '.join(names)})")
-        return cls(m, samples, source, calib_data, ref, given)
+        kind = cls(m, samples, source, calib_data, ref, given, eval_set=ev, eval_ref=eval_ref, metric=o.metric,
+                   seed=o.seed)
+        if overlap:
+            kind.notes.append(overlap)
+        return kind
 
     def _kind_without_graph(self, k: int) -> tuple[str, str]:
         """Output k's kind from the user (--output-kind, the manifest's output_kinds, output_kinds=),
@@ -152,6 +177,11 @@ class ModuleKind(ModelKind):
         info = inspect_model(art.model)
         self.notes += _dtype_notes(self.m, info)
         self._infer_kinds(info)
+        if self.eval_ref is not None:
+            torch_out = task_score.stack(self.eval_ref)
+            metric = task_score.choose(self.metric_spec, self.eval_set.labels, torch_out[0], self.output_kind(0),
+                                       self.output_names[0], len(torch_out))
+            self.task = task_score.TaskScore(metric, self.eval_set.labels, torch_out, self.seed)
         return art
 
     def candidates(self, profile: TargetProfile) -> list[str]:
@@ -205,6 +235,8 @@ class ModuleKind(ModelKind):
                "outputs": outputs, "tolerances": parity.tolerances(prof, o.atol, o.rtol, o.min_cosine),
                "runtime": prof.runtime}
         warnings, runtime = list(v["notes"]), None
+        if self.task is not None:
+            passed = self._task_verdict(res, outputs, self._task_outputs(prof, model, info, got), prof, warnings)
         if prof.delegate in FLOAT16_DELEGATES:
             res["float16_activations"] = f16 = {"check": FLOAT16_CHECK, **self.float16_sensitivity()}
             if f16.get("first_nonfinite"):
@@ -240,6 +272,43 @@ class ModuleKind(ModelKind):
                                     "conversion error: the float32 export departs from PyTorch on the "
                                     f"{refk.kernels} too")
         return Parity(figures=res, warnings=warnings, runtime=runtime)
+
+    def _task_outputs(self, prof: TargetProfile, model: bytes, info: ModelInfo, got: list) -> list:
+        """The artifact's outputs on every labelled eval row, on the target's runtime (the parity run's
+        own when its rows are the eval set; else one more run, once per artifact and runtime)."""
+        if self.samples is self.eval_set.rows:
+            return got
+        key = (id(model), prof.runtime)
+        hit = self._eval_got.get(key)
+        if hit is None or hit[0] is not model:
+            rows = self.eval_set.rows
+            if prof.runtime == "tflite-micro":
+                out = run_micro(model, info, rows, prof.max_arena_bytes or 64 * 1024 * 1024)
+            else:
+                runner = LitertRunner(model, info)
+                out = [runner.run(s) for s in rows]
+            hit = self._eval_got[key] = (model, out)
+        return hit[1]
+
+    def _task_verdict(self, res: dict, outputs: dict, task_got: list, prof: TargetProfile, warnings: list) -> bool:
+        """With labels the task score decides (task_score.py): the target passes when its task drop is
+        within the profile's max_task_drop and no output is NaN/inf; the numeric and kind criteria stay
+        in the report (`numeric_verdict`), since they would refuse artifacts the task accepts (an int8
+        pitch tracker reading every pitch right at mean cosine 0.96) and ship ones it refuses."""
+        runtime = "TFLM interpreter" if prof.runtime == "tflite-micro" else "ai-edge-litert (XNNPACK)"
+        t = res["task"] = self.task.judge(task_score.stack(task_got, self.ref[0]), prof.max_task_drop, runtime)
+        res["numeric_verdict"] = {"passed": res["passed"], "reasons": res["reasons"], "decided_by": res["decided_by"]}
+        nonfinite = [f"{n}: the artifact outputs NaN/inf on {m['nonfinite_samples']} of {m['samples']} samples"
+                     for n, m in outputs.items() if m.get("nonfinite_samples")]
+        res["reasons"] = ([] if t["passed"] else [t["reason"]]) + nonfinite
+        res["passed"] = not res["reasons"]
+        res["decided_by"] = [f"task {t['metric']} (drop {t['drop']:.4g}, bound {t['max_drop']:g})" if "drop" in t
+                             else f"task {t['metric']}: {t['reason']}"] + nonfinite
+        if res["passed"] and not res["numeric_verdict"]["passed"]:
+            warnings.append(f"numeric parity alone would refuse this artifact ({res['numeric_verdict']['reasons'][0]}); "
+                            f"its task {t['metric']} is within the bound (drop {t['drop']:.4g} <= {t['max_drop']:g}), "
+                            "and with labels the task decides")
+        return res["passed"]
 
     def float16_sensitivity(self) -> dict:
         """The model with float16 storage (as phone GPU delegates keep activations) against float32:
@@ -303,9 +372,15 @@ class ModuleKind(ModelKind):
         got = [[from_artifact(y, t) for y, t in zip(row, info.outputs)] for row in got]
         outputs = self._compare(prof, o, self.ref, got)
         passed, reasons = parity.judge(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
+        extra = {}
+        if self.task is not None and self.samples is self.eval_set.rows:  # the browser ran every labelled row
+            t = extra["task"] = self.task.judge(task_score.stack(got, self.ref[0]), prof.max_task_drop,
+                                                "LiteRT.js in headless Chromium")
+            extra["numeric_verdict"] = {"passed": passed, "reasons": reasons}
+            passed, reasons = t["passed"], [] if t["passed"] else [t["reason"]]
         first = outputs[self.output_names[0]]
         return {"runtime": "LiteRT.js (@litertjs/core, wasm) in headless Chromium", "passed": passed,
-                "reasons": reasons, "outputs": outputs,
+                "reasons": reasons, "outputs": outputs, **extra,
                 **{k: first[k] for k in ("max_abs", "rmse", "cosine", "top1") if k in first}}
 
     def explain_failure(self, art: Artifact, info: ModelInfo) -> dict | None:
@@ -339,7 +414,13 @@ class ModuleKind(ModelKind):
                            for n, a in zip(m.input_names, m.sample_args)],
                 "output_names": m.output_names, "samples": len(self.samples), "sample_source": self.sample_source,
                 "output_kinds": {n: {"kind": kind, "source": src} for n, (kind, src) in zip(self.output_names, self.kinds)},
-                "notes": self.notes}
+                **({"task": self._task_fields()} if self.task is not None else {}), "notes": self.notes}
+
+    def _task_fields(self) -> dict:
+        t = self.task
+        return {"metric": t.metric.name, "chosen": t.metric.why, "higher_is_better": t.metric.higher_is_better,
+                "rows": len(t.labels), "labels_from": self.eval_set.source, "torch_score": t.torch_score,
+                "torch_interval": t.torch_interval}
 
 
 def _to_f16(t):
@@ -501,34 +582,32 @@ def _rows(tensors: list[torch.Tensor], m: LoadedModel) -> list[list[np.ndarray]]
     return [[a[i:i + 1] for a in arrays] for i in range(n)]
 
 
+def _input_specs(m: LoadedModel) -> list[eval_data.InputSpec]:
+    return [eval_data.InputSpec(name, tuple(a.shape), str(a.dtype).replace("torch.", ""))
+            for name, a in zip(m.input_names, m.sample_args)]
+
+
 def _read_npz(path, m: LoadedModel, flag: str) -> list[list[np.ndarray]]:
-    """An .npz with one array per input (named like the input, or arr_0..): shape (N, *input_shape[1:])."""
-    try:
-        data = np.load(path, allow_pickle=False)
-        keys = list(data.files)
-    except Exception as e:  # noqa: BLE001
-        raise UserError(f"{flag} {path}: not a readable .npz file ({type(e).__name__})") from None
-    arrays = []
-    for i, (name, a) in enumerate(zip(m.input_names, m.sample_args)):
-        key = name if name in keys else (f"arr_{i}" if f"arr_{i}" in keys else (keys[i] if i < len(keys) else None))
-        if key is None:
-            raise UserError(f"{flag} {path}: no array for input {name!r} (keys: {', '.join(keys)})")
-        try:
-            arr = data[key]  # a damaged member fails only here: its header, size or checksum
-        except Exception as e:  # noqa: BLE001 - ValueError, BadZipFile, OSError, tokenize errors from the header
-            raise UserError(f"{flag} {path}: array {key!r} cannot be read ({type(e).__name__}: {first_line(e)})") from None
-        if not isinstance(arr, np.ndarray):
-            raise UserError(f"{flag} {path}: member {key!r} is not a .npy array")
-        if tuple(arr.shape[1:]) != tuple(a.shape[1:]):
-            raise UserError(f"{flag} {path}: array {key!r} has shape {list(arr.shape)}; expected (N, {', '.join(map(str, a.shape[1:]))})")
-        want = str(a.dtype).replace("torch.", "")
-        if arr.dtype.kind not in "biuf":  # complex, strings, records: no number to feed
-            raise UserError(f"{flag} {path}: array {key!r} holds {arr.dtype}; the input takes {want}")
-        arrays.append(arr.astype(want))
-    n = min(len(a) for a in arrays)
-    if n == 0:
-        raise UserError(f"{flag} {path}: holds no rows")
-    return [[a[i:i + 1] for a in arrays] for i in range(n)]
+    """An .npz with one array per input (named like the input, or arr_0..): shape (N, *input_shape[1:]),
+    or a samples folder (convert/eval_data.py); --calib ignores labels."""
+    return eval_data.read(path, _input_specs(m), flag).rows
+
+
+def _without_rows(calib, held, calib_source) -> tuple[list, str | None]:
+    """Calibration rows minus any row identical to a parity (--eval-data) row: a row that set the
+    int8 ranges would flatter the artifact measured on it. -> (rows kept, the report's note)."""
+    def key(row):
+        return tuple((a.dtype.str, a.shape, a.tobytes()) for a in row)
+
+    seen = {key(r) for r in held}
+    kept = [r for r in calib if key(r) not in seen]
+    if len(kept) == len(calib):
+        return calib, None
+    if not kept:
+        raise UserError(f"every row of {calib_source} ({len(calib)}) is also an --eval-data row: calibration and "
+                        "evaluation rows must differ (give calibration rows apart from the eval set)")
+    return kept, (f"calibration: {len(calib) - len(kept)} of {len(calib)} rows of {calib_source} are also --eval-data "
+                  "rows and were left out of calibration (parity and calibration rows never overlap)")
 
 
 def _dtype_notes(m: LoadedModel, info: ModelInfo) -> list[str]:

@@ -23,7 +23,13 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
 @click.option("--model-kwargs", default=None, help="JSON constructor kwargs for --model-class.")
 @click.option("--trust-pickle", is_flag=True, help="Allow unpickling a whole nn.Module (runs code from the file).")
 @click.option("--calib", type=click.Path(), default=None, help=".npz of representative inputs for static int8 (not for LM folders).")
-@click.option("--eval-data", type=click.Path(), default=None, help=".npz of parity inputs (LM folders: use --prompts).")
+@click.option("--eval-data", type=click.Path(), default=None,
+              help="Parity inputs: FILE.npz (an array per input, optionally `labels`), or a folder of samples (one "
+                   ".npy/.npz each, labels in labels.csv: file_name,label). With labels each target is judged by its "
+                   "task score (LM folders: use --prompts).")
+@click.option("--metric", default=None, metavar="MODULE:FUNCTION",
+              help="Task metric(outputs, labels) -> float, higher is better [default with labels: accuracy for class "
+                   "outputs, R^2 for regression].")
 @click.option("--samples", default=None, type=int,
               help="Parity rows per target [default: all of --eval-data, else 64 drawn; LMs: 8 prompts].")
 @click.option("--output-kind", "output_kinds", multiple=True, metavar="NAME=KIND",
@@ -45,7 +51,7 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
 @click.option("--prefill-len", "lm_prefill_len", type=click.IntRange(1, 8192), default=None,
               help="LMs: tokens per prefill call [default: min(32, max-len)].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_pickle, calib, eval_data, samples,
+def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_pickle, calib, eval_data, metric, samples,
             output_kinds, atol, rtol, min_cosine, seed, refine_rounds, no_latency, profile_dir, prompts, lm_max_len, lm_prefill_len,
             as_json):
     """Convert MODEL to LiteRT artifacts for each target and check each on its runtime.
@@ -64,7 +70,7 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
     result = convert(model, targets=targets, out=out, calibration=calib,
                      progress=lambda msg: click.echo(f"  {msg}", err=True),
                      input_shapes=tuple(input_shapes), model_class=model_class, model_kwargs=model_kwargs,
-                     trust_pickle=trust_pickle, eval_data=eval_data, samples=samples,
+                     trust_pickle=trust_pickle, eval_data=eval_data, metric=metric, samples=samples,
                      output_kinds=tuple(output_kinds), atol=atol, rtol=rtol,
                      min_cosine=min_cosine, seed=seed, refine_rounds=refine_rounds, latency=not no_latency,
                      profile_dir=profile_dir, prompts=prompts, lm_max_len=lm_max_len, lm_prefill_len=lm_prefill_len)
@@ -90,6 +96,10 @@ def _print_table(report: dict) -> None:
                    f"{p.get('max_abs', float('nan')):>9.3g} {top1:>5} "
                    f"{lat.get('artifact') or float('nan'):>7.3f} {lat.get('torch_eager') or float('nan'):>8.3f}")
     for name, t in report["targets"].items():
+        task = (t.get("parity") or {}).get("task")
+        if task:
+            click.echo(f"{name}: {_task_line(task)}")
+    for name, t in report["targets"].items():
         if t.get("chosen_because"):
             click.echo(f"{name}: {t['quantization']}: {t['chosen_because']}")
         if not t["passed"]:
@@ -97,6 +107,18 @@ def _print_table(report: dict) -> None:
     for w in report.get("warnings", []):
         click.echo(w, err=True)
     click.echo(f"wrote {report['out']}/ (report.html, report.json)")
+
+
+def _task_line(t: dict) -> str:
+    """The task score with its interval against PyTorch's, the drop and its bound."""
+    torch_ci = t["torch_interval"]
+    base = (f"task {t['metric']} over {t['rows']} labelled rows: PyTorch {t['torch_score']:.4f} "
+            f"(95% CI {torch_ci[0]:.4f}-{torch_ci[1]:.4f})")
+    if "score" not in t:
+        return f"{base}; artifact: {t['reason']}"
+    ci, dci = t["interval"], t["drop_interval"]
+    return (f"{base}, artifact {t['score']:.4f} (95% CI {ci[0]:.4f}-{ci[1]:.4f}); drop {t['drop']:.4f} "
+            f"(95% CI {dci[0]:.4f} to {dci[1]:.4f}), bound {t['max_drop']:g}: {'ok' if t['passed'] else 'FAIL'}")
 
 
 def _status(t: dict) -> str:

@@ -1,0 +1,186 @@
+"""Task accuracy with labels: PyTorch's and each artifact's task score over the whole eval set,
+with a 95% interval, and the drop each target profile bounds (`max_task_drop`).
+
+The metric is `metric(outputs, labels) -> float`, higher is better unless the function has an
+attribute `higher_is_better = False`: outputs is the model's one output stacked over the eval rows,
+(N, ...), or a list of them for a model with several outputs; labels are the eval data's
+`labels` (convert/eval_data.py), (N, ...). A user's metric is named `module:function` (--metric,
+as rl names a reward) or passed as a function (metric= in the Python API). Without one, a
+built-in metric scores the first output, chosen by its kind (convert/output_kinds.py):
+
+- class scores and probabilities, with integer labels (N,) in [0, C): accuracy (argmax over the
+  last axis), Wilson interval;
+- regression, with labels of the output's size per row: R^2 (1 - squared error / the labels'
+  variance around each column's mean): a drop is comparable across models, unlike an error in
+  the output's own units;
+- kind unknown: accuracy when the labels are class indices of an [N, C] output, R^2 when they
+  have the output's size (the report says which was chosen and why).
+
+Intervals: Wilson for accuracy; otherwise a percentile bootstrap over rows (BOOTSTRAP resamples
+drawn with --seed). The drop (PyTorch's score minus the artifact's, in the metric's units, so
+0.01 = one point of accuracy) gets a paired bootstrap interval: the same resampled rows for both.
+The verdict bounds the drop itself; its interval is reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import numpy as np
+
+from tpu_pipeline.convert.output_kinds import wilson
+from tpu_pipeline.convert.tool_output import first_line
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.user_code import load_function
+
+BOOTSTRAP = 200      # resamples for the intervals of metrics without a closed form, and of every drop
+LEVEL = 0.95         # two-sided
+CLASS_KINDS = ("logits", "probabilities")
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    name: str                          # accuracy | r2 | module:function | the function's name
+    fn: Callable[[object, np.ndarray], float]
+    higher_is_better: bool = True
+    wilson: bool = False               # a proportion of rows (accuracy): Wilson interval
+    output: int | None = None          # built-in: the output it scores; None: every output goes to fn
+    why: str = ""                      # how it was chosen
+
+
+def accuracy(outputs: np.ndarray, labels: np.ndarray) -> float:
+    """Share of rows whose argmax over the last axis is the label."""
+    o = np.asarray(outputs)
+    pred = o.reshape(len(o), -1, o.shape[-1]).argmax(-1).reshape(len(o), -1)
+    return float((pred == np.asarray(labels).reshape(len(o), -1)).mean())
+
+
+def r2(outputs: np.ndarray, labels: np.ndarray) -> float:
+    """Coefficient of determination over every column, pooled: 1 - SSE / SST (column means)."""
+    o = np.asarray(outputs, np.float64).reshape(len(outputs), -1)
+    y = np.asarray(labels, np.float64).reshape(len(labels), -1)
+    sst = ((y - y.mean(0)) ** 2).sum()
+    return float(1 - ((y - o) ** 2).sum() / sst) if sst > 0 else float("nan")
+
+
+def choose(spec, labels: np.ndarray, ref0: np.ndarray, kind: str, name: str, n_outputs: int) -> Metric:
+    """The metric: the user's (`module:function` or a function), else the built-in for the first
+    output's kind (ref0: that output stacked over the eval rows); UserError when none applies."""
+    if spec is not None:
+        fn = load_function(spec, "--metric") if isinstance(spec, str) else spec
+        if not callable(fn):
+            raise UserError(f"metric= takes a function or 'module:function', not {type(spec).__name__}")
+        label = spec if isinstance(spec, str) else getattr(fn, "__qualname__", repr(fn))
+        return Metric(label, fn, bool(getattr(fn, "higher_is_better", True)), why="given")
+    y = np.asarray(labels)
+    integral = y.dtype.kind in "biu" or (y.dtype.kind == "f" and bool(np.all(y == np.round(y))))
+    classes = ref0.shape[-1] if ref0.ndim >= 2 else 0
+    is_index = (integral and y.reshape(len(y), -1).shape[1] == 1 and classes > 1
+                and bool(np.all((y >= 0) & (y < classes))))
+    same_size = y.reshape(len(y), -1).shape[1] == ref0.reshape(len(ref0), -1).shape[1]
+    of = f" of output {name}" + (" (the first of the model's outputs)" if n_outputs > 1 else "")
+    if kind in CLASS_KINDS:
+        if not is_index:
+            raise UserError(f"--eval-data labels: output {name} is {kind} over {classes} classes, so the built-in "
+                            f"metric (accuracy) takes integer class indices in [0, {classes}), one per row; these "
+                            f"are {y.dtype} of shape {list(y.shape)} (give --metric module:function for others)")
+        return Metric("accuracy", accuracy, wilson=True, output=0, why=f"accuracy{of}: its kind is {kind}")
+    if kind == "regression":
+        if not same_size:
+            raise UserError(f"--eval-data labels: output {name} is a regression of {ref0.shape[1:]} per row; the "
+                            f"built-in metric (R^2) takes labels of that size per row, not {list(y.shape[1:])}")
+        return Metric("r2", r2, output=0, why=f"R^2{of}: its kind is regression")
+    if kind == "unknown":
+        if is_index and ref0.ndim == 2:
+            return Metric("accuracy", accuracy, wilson=True, output=0,
+                          why=f"accuracy{of}: kind unknown, and the labels are class indices of its {classes} "
+                              "columns (give --output-kind or --metric otherwise)")
+        if same_size:
+            return Metric("r2", r2, output=0, why=f"R^2{of}: kind unknown, and the labels have its size per row "
+                                                  "(give --output-kind or --metric otherwise)")
+    raise UserError(f"--eval-data labels: no built-in metric for output {name} ({kind}) with labels of shape "
+                    f"{list(y.shape)}; give --metric module:function (metric(outputs, labels) -> float)")
+
+
+class TaskScore:
+    """The metric and labels of one conversion, and PyTorch's score; `judge` scores an artifact."""
+
+    def __init__(self, metric: Metric, labels: np.ndarray, torch_outputs: list[np.ndarray], seed: int):
+        if labels.dtype.kind == "f" and not np.isfinite(labels).all():
+            raise UserError("--eval-data labels hold NaN or inf")
+        self.metric, self.labels = metric, labels
+        n = len(labels)
+        if any(len(o) != n for o in torch_outputs):
+            raise UserError(f"--eval-data: {n} labels for {len(torch_outputs[0])} rows")
+        rng = np.random.default_rng([seed, 19])  # its own stream: drawing them moves no other draw
+        self.resamples = rng.integers(0, n, (BOOTSTRAP, n))
+        try:
+            self.torch_score = self._score(torch_outputs)
+            self._torch_boot = np.array([self._score(torch_outputs, i) for i in self.resamples])
+        except _MetricFailed as e:
+            raise UserError(f"--metric {metric.name} on PyTorch's outputs: {e}") from None
+        self.torch_interval = self._interval(self.torch_score, self._torch_boot)
+
+    def _score(self, outputs: list[np.ndarray], rows: np.ndarray | None = None) -> float:
+        outs = outputs if rows is None else [o[rows] for o in outputs]
+        y = self.labels if rows is None else self.labels[rows]
+        arg = outs[self.metric.output] if self.metric.output is not None else (outs[0] if len(outs) == 1 else outs)
+        try:
+            v = self.metric.fn(arg, y)
+        except Exception as e:  # noqa: BLE001 - the user's code: its failure is reported, never a crash
+            raise _MetricFailed(f"raised {type(e).__name__}: {first_line(e)}") from None
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            raise _MetricFailed(f"returned {type(v).__name__}, not a number") from None
+        if not math.isfinite(v):
+            raise _MetricFailed(f"returned {v}")
+        return v
+
+    def _interval(self, score: float, boot: np.ndarray) -> list[float]:
+        if self.metric.wilson:
+            n = len(self.labels)
+            return wilson(round(score * n), n)
+        return _percentiles(boot)
+
+    def judge(self, outputs: list[np.ndarray], max_drop: float, runtime: str) -> dict:
+        """The artifact's outputs over the eval set (one array per output) -> report.json's `task`
+        object: score, interval, PyTorch's, drop (interval), bound, passed, reason."""
+        m = self.metric
+        base = {"metric": m.name, "chosen": m.why, "higher_is_better": m.higher_is_better, "rows": len(self.labels),
+                "runtime": runtime, "torch_score": self.torch_score, "torch_interval": self.torch_interval,
+                "max_drop": max_drop}
+        try:
+            score = self._score(outputs)
+            boot = np.array([self._score(outputs, i) for i in self.resamples])
+        except _MetricFailed as e:
+            return {**base, "passed": False, "reason": f"task metric {m.name} on this artifact's outputs {e}"}
+        sign = 1.0 if m.higher_is_better else -1.0
+        drop = sign * (self.torch_score - score)
+        passed = drop <= max_drop + 1e-12
+        out = {**base, "score": score, "interval": self._interval(score, boot), "drop": drop,
+               "drop_interval": _percentiles(sign * (self._torch_boot - boot)), "passed": bool(passed)}
+        if not passed:
+            out["reason"] = (f"task {m.name} {score:.4g} vs PyTorch's {self.torch_score:.4g} over {len(self.labels)} "
+                             f"labelled rows: a drop of {drop:.4g} (95% CI {out['drop_interval'][0]:.3g} to "
+                             f"{out['drop_interval'][1]:.3g}) > the profile's max_task_drop {max_drop:g}")
+        return out
+
+
+class _MetricFailed(Exception):
+    pass
+
+
+def _percentiles(boot: np.ndarray) -> list[float]:
+    lo, hi = np.quantile(boot, [(1 - LEVEL) / 2, 1 - (1 - LEVEL) / 2])
+    return [float(lo), float(hi)]
+
+
+def stack(rows: list[list[np.ndarray]], like: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    """Per-row outputs (each a list of batch-1 arrays) -> one (N, ...) array per output; `like`:
+    one row of PyTorch's outputs, whose shapes a runtime's outputs are read in."""
+    like = like or rows[0]
+    return [np.concatenate([np.asarray(r[k], np.float32).reshape(np.shape(like[k])) for r in rows])
+            for k in range(len(like))]

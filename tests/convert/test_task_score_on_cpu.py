@@ -1,0 +1,243 @@
+"""Task accuracy with labels (issue 19 item 2): --eval-data with `labels` (a .npz or a folder of
+samples with labels.csv), --metric module:function, PyTorch's and each artifact's task score over
+the whole eval set with an interval, each profile's max_task_drop bounding the drop, the task
+deciding the verdict, and parity rows never used for calibration. On the digits CNN trained in
+tests/support/trained_models.py; bad input as fast unit and CLI tests."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from tpu_pipeline.cli import cli
+from tpu_pipeline.convert import convert, eval_data, task_score
+from tpu_pipeline.convert.runtimes import LitertRunner, run_micro
+from tpu_pipeline.convert.tflite_info import inspect_model
+from tpu_pipeline.errors import UserError
+from tpu_pipeline.testing import trained_models
+
+SHARED = 10  # eval rows also put into the --calib file: they must be left out of calibration
+
+PLANTED = """
+import numpy as np
+
+CALLS = []
+
+def accuracy(outputs, labels):
+    CALLS.append(len(labels))
+    return float((outputs.argmax(-1) == labels).mean())
+
+def error_rate(outputs, labels):
+    return float((outputs.argmax(-1) != labels).mean())
+error_rate.higher_is_better = False
+
+def broken(outputs, labels):
+    raise KeyError("no such column")
+
+def nan(outputs, labels):
+    return float("nan")
+"""
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return trained_models.digits()
+
+
+@pytest.fixture(scope="module")
+def files(digits, tmp_path_factory):
+    """model.pt (the manifest `tpu-pipeline train` writes), eval.npz (x + labels), calib.npz (the
+    training split's rows plus SHARED eval rows) and the planted metric module."""
+    d = tmp_path_factory.mktemp("task")
+    m = digits.module
+    torch.save({"format": "tpu-pipeline/model@1", "model_class": "tpu_pipeline.train.models.digits_cnn:DigitsCNN",
+                "model_kwargs": {"channels": [8, 16], "hidden": 32, "dropout": 0.0}, "state_dict": m.state_dict(),
+                "example_inputs": [digits.example], "input_names": ["x"], "output_names": ["logits"],
+                "task": "classification", "recipe": "test", "metrics": {}}, d / "model.pt")
+    np.savez(d / "eval.npz", x=digits.eval_x, labels=digits.eval_y)
+    np.savez(d / "calib.npz", x=np.concatenate([digits.calib[:64], digits.eval_x[:SHARED]]))
+    (d / "planted_metric.py").write_text(textwrap.dedent(PLANTED))
+    return d
+
+
+def _cli(*args, cwd=None, monkeypatch=None):
+    if cwd is not None:
+        monkeypatch.chdir(cwd)  # the metric module is found in the current folder, as `python -m` would
+    return CliRunner().invoke(cli, ["convert", *map(str, args)])
+
+
+@pytest.mark.slow
+def test_cli_task_scores_decide_on_each_runtime(digits, files, tmp_path, monkeypatch):
+    """desktop (XNNPACK) and iot (static int8 on TFLM) through the real CLI with labels and a
+    planted --metric: each artifact's task score is the metric on that runtime's outputs over
+    every labelled row; a numeric bound the task disagrees with (--min-cosine 0.99999 on int8)
+    does not refuse an artifact within its task bound; shared calib rows are left out."""
+    out = tmp_path / "out"
+    r = _cli(files / "model.pt", "--targets", "desktop,iot", "--eval-data", files / "eval.npz", "--calib",
+             files / "calib.npz", "--metric", "planted_metric:accuracy", "--min-cosine", "0.99999", "--no-latency",
+             "--refine-rounds", "0", "--samples", "64", "--out", out, cwd=files, monkeypatch=monkeypatch)
+    assert r.exit_code == 0, r.output
+    report = json.loads((out / "report.json").read_text())
+    n = len(digits.eval_y)
+    assert report["task"]["metric"] == "planted_metric:accuracy" and report["task"]["rows"] == n
+    assert report["samples"] == 64  # parity drew 64 rows; the task is scored on all of them
+    with torch.no_grad():
+        want_torch = trained_models.accuracy(digits.module(torch.from_numpy(digits.eval_x)).numpy(), digits.eval_y)
+    assert report["task"]["torch_score"] == pytest.approx(want_torch, abs=1e-12)
+    note = next(x for x in report["notes"] if x.startswith("calibration:"))
+    assert f"{SHARED} of {64 + SHARED} rows of --calib" in note
+    rows = [[x[None]] for x in digits.eval_x]
+    for name, t in report["targets"].items():
+        task = t["parity"]["task"]
+        art = (out / name / "model.tflite").read_bytes()
+        info = inspect_model(art)
+        if name == "iot":
+            got = run_micro(art, info, rows, 256 * 1024)
+        else:
+            runner = LitertRunner(art, info)
+            got = [runner.run(s) for s in rows]
+        want = trained_models.accuracy(np.concatenate([g[0].reshape(1, -1) for g in got]), digits.eval_y)
+        assert task["score"] == pytest.approx(want, abs=1e-12), name
+        assert task["rows"] == n and task["interval"][0] <= task["score"] <= task["interval"][1]
+        assert task["drop"] == pytest.approx(task["torch_score"] - task["score"], abs=1e-12)
+        assert task["drop_interval"][0] <= task["drop"] <= task["drop_interval"][1]
+        assert task["passed"] and t["passed"] and task["drop"] <= task["max_drop"]
+        assert task["max_drop"] == {"desktop": 0.005, "iot": 0.01}[name]
+    iot = report["targets"]["iot"]
+    assert not iot["parity"]["numeric_verdict"]["passed"]  # mean cosine < 0.99999 ...
+    assert any("numeric parity alone would refuse" in w for w in iot["warnings"])  # ... reported, not deciding
+    assert "task planted_metric:accuracy over" in r.output  # the summary line per target
+    html = (out / "report.html").read_text()
+    assert "task planted_metric:accuracy</b> over" in html and "95% CI" in html
+
+
+@pytest.mark.slow
+def test_drop_beyond_the_bound_fails_the_target(digits, tmp_path):
+    """Static int8 calibrated on blank images (every range clipped): its accuracy falls far below
+    PyTorch's, and the task bound fails it with one reason naming the drop and max_task_drop."""
+    rows = [(torch.zeros_like(digits.example),) for _ in range(8)]
+    np.savez(tmp_path / "eval.npz", x=digits.eval_x[:200], labels=digits.eval_y[:200])
+    r = convert(digits.module, (digits.example,), targets="iot", out=tmp_path / "o", calibration=rows,
+                eval_data=tmp_path / "eval.npz", latency=False, refine_rounds=0, metric=task_score.accuracy)
+    t = r["iot"]
+    task = t.parity["task"]
+    assert task["drop"] > task["max_drop"] == 0.01 and not task["passed"]
+    assert not t.passed and t.failure == "parity" and r.exit_code == 4
+    assert t.errors[0].startswith("task accuracy") and "max_task_drop 0.01" in t.errors[0]
+    assert (tmp_path / "o" / "iot" / "failed" / "model.tflite").exists()
+
+
+def test_cli_bad_metric_and_labels_are_one_line_exit_2(files, tmp_path, monkeypatch):
+    out = tmp_path / "never"
+    args = (files / "model.pt", "--targets", "desktop", "--out", out)
+    np.savez(tmp_path / "short.npz", x=np.zeros((5, 1, 8, 8), np.float32), labels=np.zeros(4, np.int64))
+    cases = [(("--eval-data", files / "eval.npz", "--metric", "no_such_module:f"),
+              "--metric 'no_such_module:f': cannot import 'no_such_module'"),
+             (("--eval-data", files / "eval.npz", "--metric", "planted_metric:missing"),
+              "planted_metric has no function 'missing'"),
+             (("--eval-data", files / "calib.npz", "--metric", "planted_metric:accuracy"),
+              "--metric scores the model against labels"),
+             (("--eval-data", tmp_path / "short.npz"), "4 labels for 5 input rows")]
+    monkeypatch.chdir(files)
+    for flags, why in cases:
+        r = _cli(*args, *flags)
+        errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+        assert r.exit_code == 2 and len(errors) == 1 and why in errors[0], (flags, r.output)
+        assert "Traceback" not in r.output
+    assert not out.exists()
+
+
+def _specs():
+    return [eval_data.InputSpec("x", (1, 1, 8, 8), "float32")]
+
+
+def test_samples_folder_with_labels_csv(tmp_path):
+    for i in range(3):
+        np.save(tmp_path / f"s{i}.npy", np.full((1, 8, 8), i, np.float32))  # no batch axis: added
+    np.save(tmp_path / "s3.npy", np.full((1, 1, 8, 8), 3, np.float32))
+    (tmp_path / "labels.csv").write_text("file,label\ns0.npy,7\ns1.npy,1\ns2.npy,2\ns3.npy,9\n")
+    ev = eval_data.read(tmp_path, _specs(), "--eval-data")
+    assert [r[0].shape for r in ev.rows] == [(1, 1, 8, 8)] * 4 and [float(r[0].mean()) for r in ev.rows] == [0, 1, 2, 3]
+    assert ev.labels.tolist() == [7, 1, 2, 9] and ev.labels.dtype == np.int64
+    (tmp_path / "labels.csv").write_text("s0.npy,7\ns1.npy,1\ns2.npy,2\n")
+    with pytest.raises(UserError, match="4 sample files but 1 have no label"):
+        eval_data.read(tmp_path, _specs(), "--eval-data")
+    (tmp_path / "labels.csv").write_text("s0.npy,7\ns1.npy,1\ns2.npy,2\ns3.npy,x\n")
+    with pytest.raises(UserError, match="line 4: expected file_name,label"):
+        eval_data.read(tmp_path, _specs(), "--eval-data")
+    np.save(tmp_path / "s4.npy", np.zeros((2, 8, 8), np.float32))
+    with pytest.raises(UserError, match=r"s4.npy: shape \[2, 8, 8\]"):
+        eval_data.read(tmp_path, _specs(), "--eval-data")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="found none"):
+        eval_data.read(tmp_path / "empty", _specs(), "--eval-data")
+
+
+def test_labels_key_is_never_an_input(tmp_path):
+    """`labels` first in the file: positional keys skip it (x is taken as the input)."""
+    np.savez(tmp_path / "e.npz", labels=np.arange(3), data=np.ones((3, 1, 8, 8), np.float32))
+    ev = eval_data.read(tmp_path / "e.npz", _specs(), "--eval-data")
+    assert len(ev.rows) == 3 and ev.rows[0][0].shape == (1, 1, 8, 8) and ev.labels.tolist() == [0, 1, 2]
+
+
+def _scores(rng, n=200, c=5, wrong=0):
+    labels = rng.integers(0, c, n)
+    ref = np.eye(c, dtype=np.float32)[labels] + 0.01 * rng.standard_normal((n, c)).astype(np.float32)
+    got = ref.copy()
+    got[:wrong] = np.roll(got[:wrong], 1, axis=1)  # the first `wrong` rows answer the next class
+    return labels, ref, got
+
+
+def test_task_score_values_intervals_and_bound():
+    rng = np.random.default_rng(0)
+    labels, ref, got = _scores(rng, wrong=6)
+    m = task_score.choose(None, labels, ref, "logits", "logits", 1)
+    assert m.name == "accuracy" and m.wilson
+    ts = task_score.TaskScore(m, labels, [ref], seed=3)
+    assert ts.torch_score == 1.0 and ts.torch_interval[0] < 1.0 == ts.torch_interval[1]
+    t = ts.judge([got], max_drop=0.01, runtime="r")
+    assert t["score"] == pytest.approx(194 / 200) and t["drop"] == pytest.approx(0.03) and not t["passed"]
+    assert "drop of 0.03" in t["reason"] and "max_task_drop 0.01" in t["reason"]
+    assert t["drop_interval"][0] > 0  # every resample of these rows loses some: the paired interval excludes 0
+    assert ts.judge([got], max_drop=0.03, runtime="r")["passed"]
+    again = task_score.TaskScore(m, labels, [ref], seed=3).judge([got], 0.01, "r")
+    assert again["drop_interval"] == t["drop_interval"]  # seeded: the same interval from the same --seed
+    # a metric where lower is better: the drop is the rise of the error
+    low = task_score.Metric("err", lambda o, y: float((o.argmax(-1) != y).mean()), higher_is_better=False)
+    t = task_score.TaskScore(low, labels, [ref], seed=0).judge([got], 0.01, "r")
+    assert t["drop"] == pytest.approx(0.03) and not t["passed"]
+    # regression: R^2 by the output's kind
+    y = rng.standard_normal((100, 4))
+    m = task_score.choose(None, y, y.astype(np.float32), "regression", "box", 1)
+    assert m.name == "r2" and task_score.r2(y, y) == 1.0 and task_score.r2(np.zeros_like(y) + y.mean(0), y) == pytest.approx(0)
+
+
+def test_metric_failures():
+    rng = np.random.default_rng(1)
+    labels, ref, got = _scores(rng)
+
+    def picky(o, y):
+        if o.max() > 5:
+            raise ValueError("not the reference")
+        return 1.0
+
+    ts = task_score.TaskScore(task_score.Metric("picky", picky), labels, [ref], seed=0)
+    t = ts.judge([got + 10], 0.01, "r")  # raising on an artifact's outputs: that target's failure
+    assert not t["passed"] and "picky on this artifact's outputs raised ValueError: not the reference" in t["reason"]
+    with pytest.raises(UserError, match="on PyTorch's outputs: raised KeyError"):
+        task_score.TaskScore(task_score.Metric("k", lambda o, y: {}["x"]), labels, [ref], seed=0)
+    with pytest.raises(UserError, match="on PyTorch's outputs: returned nan"):
+        task_score.TaskScore(task_score.Metric("n", lambda o, y: float("nan")), labels, [ref], seed=0)
+    with pytest.raises(UserError, match="returned str, not a number"):
+        task_score.TaskScore(task_score.Metric("s", lambda o, y: "high"), labels, [ref], seed=0)
+    with pytest.raises(UserError, match="integer class indices"):
+        task_score.choose(None, labels + 0.5, ref, "probabilities", "p", 1)
+    with pytest.raises(UserError, match="no built-in metric"):
+        task_score.choose(None, labels, ref, "embedding", "e", 1)
+    with pytest.raises(UserError, match="NaN or inf"):
+        task_score.TaskScore(task_score.Metric("a", task_score.accuracy), np.full(len(labels), np.nan), [ref], 0)
