@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tpu_pipeline.convert.module.loaders import LoadedModel
+from tpu_pipeline.convert.module.lstm_reset import reset_states
+from tpu_pipeline.convert.module.recurrent import register_lowering
 from tpu_pipeline.convert.tool_output import first_line, quiet_native
 from tpu_pipeline.errors import ConversionError
 
@@ -15,9 +17,12 @@ def export_float(model: LoadedModel, path: Path) -> bytes:
     try:
         import litert_torch  # heavy: ~8 s to import (the TFLite converter stack); only exports need it
 
+        register_lowering()  # recurrent.FusedLSTM's op -> UNIDIRECTIONAL_SEQUENCE_LSTM
         with quiet_native():
             edge = litert_torch.convert(model.module, model.sample_args)
             edge.export(str(path))
     except Exception as e:  # noqa: BLE001 - the converter raises many types; all mean "cannot convert"
         raise ConversionError(f"litert-torch could not convert the model: {type(e).__name__}: {first_line(e)}") from None
-    return path.read_bytes()
+    model_bytes = reset_states(path.read_bytes())  # fused LSTMs start every invoke from a zero state
+    path.write_bytes(model_bytes)
+    return model_bytes

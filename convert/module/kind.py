@@ -24,6 +24,7 @@ from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.global_pool import as_mean
+from tpu_pipeline.convert.module.recurrent import as_fused
 from tpu_pipeline.convert.module.accelerators import FLOAT16_CHECK, Pending
 from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs, load_model
 from tpu_pipeline.convert.options import DEFAULT_SAMPLES, ConvertOptions
@@ -171,6 +172,8 @@ class ModuleKind(ModelKind):
     def export_float(self, work: Path, say: Progress) -> Artifact:
         say("export: torch -> float32 .tflite (litert-torch, traced once)")
         module, notes = as_mean(self.m.module, self.m.sample_args)
+        module, fused = as_fused(module, self.m.sample_args)  # nn.LSTM as TFLite's fused op
+        notes += fused
         self.notes += notes
         art = self.float_art = Artifact(model=export_float(dataclasses.replace(self.m, module=module),
                                                            work / "float.tflite"))

@@ -1,0 +1,129 @@
+"""nn.LSTM exports as TFLite's fused UNIDIRECTIONAL_SEQUENCE_LSTM (convert/module/recurrent.py),
+every invoke starting from a zero state (convert/module/lstm_reset.py); what stays unrolled says why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from ai_edge_litert.interpreter import Interpreter, OpResolverType
+from torch import nn
+
+import tpu_pipeline.convert as tc
+from tpu_pipeline.convert.module.export import export_float
+from tpu_pipeline.convert.module.loaders import load_object
+from tpu_pipeline.convert.module.lstm_reset import lstm_count
+from tpu_pipeline.convert.module.recurrent import FusedLSTM, as_fused
+from tpu_pipeline.convert.runtimes import run_micro
+from tpu_pipeline.convert.tflite_info import inspect_model
+from tpu_pipeline.testing.recurrent_models import SequenceEncoder, sequence_task, trained
+
+T, F, H = 12, 8, 16
+UNROLLED = {"LOGISTIC", "TANH", "MUL", "ADD", "SPLIT"}  # an unrolled step's gate arithmetic
+
+
+def _ops(model: bytes) -> list[str]:
+    return [o["op"] for o in inspect_model(model).ops]
+
+
+def _export(net: nn.Module, x: torch.Tensor, path) -> bytes:
+    fused, notes = as_fused(net, (x,))
+    assert fused is not net and any("UNIDIRECTIONAL_SEQUENCE_LSTM" in n for n in notes), notes
+    loaded = load_object(fused, (x,))
+    return export_float(loaded, path)
+
+
+@pytest.mark.parametrize("bidirectional,batch_first,layers", [(False, True, 1), (True, False, 2), (False, False, 3)])
+def test_fused_lstm_matches_pytorch_eager(bidirectional, batch_first, layers):
+    # the module swapped in at export, against nn.LSTM itself: batched and unbatched, h_n too
+    lstm = nn.LSTM(F, H, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first).eval()
+    fused = FusedLSTM(lstm)
+    x = torch.randn(2, T, F) if batch_first else torch.randn(T, 2, F)
+    with torch.no_grad():
+        (y, (h, c)), (y2, (h2, c2)) = lstm(x), fused(x)
+        torch.testing.assert_close(y2, y, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(h2, h, rtol=1e-5, atol=1e-6)
+        assert torch.isnan(c2).all() and c2.shape == c.shape  # never silently wrong: a model reading c_n is refused
+        u = x[0] if batch_first else x[:, 0]
+        torch.testing.assert_close(fused(u)[0], lstm(u)[0], rtol=1e-5, atol=1e-6)
+
+
+class ReadsCell(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(F, H, batch_first=True)
+
+    def forward(self, x):
+        return self.lstm(x)[1][1][-1]
+
+
+class GivesState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(F, H, batch_first=True)
+        self.register_buffer("h0", torch.full((1, 1, H), 0.5))
+
+    def forward(self, x):
+        return self.lstm(x, (self.h0, self.h0))[0]
+
+
+@pytest.mark.parametrize("net,why", [(ReadsCell(), "reads the cell state c_n"),
+                                     (GivesState(), "passes an initial state"),
+                                     (nn.Sequential(nn.LSTM(F, H, proj_size=4)), "proj_size > 0")])
+def test_what_stays_unrolled_says_why(net, why):
+    x = torch.randn(1, T, F)
+    new, notes = as_fused(net.eval(), (x,))
+    assert new is net and len(notes) == 1 and why in notes[0] and "unrolled" in notes[0], notes
+
+
+@pytest.fixture(scope="module")
+def speaker_like(tmp_path_factory):
+    """A trained 2-layer bidirectional, time-major LSTM encoder exported fused, and its PyTorch."""
+    net = trained(SequenceEncoder(F, H, 2, bidirectional=True, batch_first=False))
+    x = torch.randn(1, T, F)
+    return net, _export(net, x, tmp_path_factory.mktemp("lstm") / "m.tflite")
+
+
+def test_the_artifact_is_fused_ops_with_no_unrolled_steps(speaker_like):
+    _, model = speaker_like
+    ops = _ops(model)
+    # 2 layers x 2 directions, each followed by its state reset
+    assert ops.count("UNIDIRECTIONAL_SEQUENCE_LSTM") == lstm_count(model) == 8
+    assert not UNROLLED & set(ops), ops
+    assert len(ops) <= 8 + 10, ops  # + the reversals, concatenations, the last step's slice, the projection
+
+
+def test_every_invoke_starts_from_zero_state_on_litert_and_tflm(speaker_like):
+    # one interpreter, several sequences in a row: without the reset, the second one was off by 0.03
+    net, model = speaker_like
+    xs, _ = sequence_task(4, T, F, seed=3)
+    with torch.no_grad():
+        want = [net(x[None]).numpy() for x in xs]
+    info = inspect_model(model)
+    for kind in (OpResolverType.AUTO, OpResolverType.BUILTIN_REF):
+        interp = Interpreter(model_content=model, experimental_op_resolver_type=kind)
+        interp.allocate_tensors()
+        for x, w in zip(xs, want):
+            interp.set_tensor(info.inputs[0].tensor_index, x[None].numpy())
+            interp.invoke()
+            np.testing.assert_allclose(interp.get_tensor(info.outputs[0].tensor_index), w, rtol=1e-4, atol=1e-5)
+    got = run_micro(model, info, [[x[None].numpy()] for x in xs], 1 << 20)  # TFLM runs the float32 fused op
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g[0], w, rtol=1e-4, atol=1e-5)
+
+
+def test_op_count_does_not_grow_with_the_sequence(speaker_like, tmp_path):
+    net, model = speaker_like
+    assert _ops(_export(net, torch.randn(1, 4 * T, F), tmp_path / "long.tflite")) == _ops(model)
+
+
+@pytest.mark.slow
+def test_convert_passes_desktop_and_android_with_the_fused_op(tmp_path):
+    net = trained(SequenceEncoder(F, H, 2, batch_first=True))
+    r = tc.convert(net, (torch.randn(1, T, F),), targets="desktop,android", out=tmp_path / "d", samples=16)
+    for name in ("desktop", "android"):
+        t = r[name]
+        assert t.passed, (name, t.reasons)
+        assert t.metrics["cosine"] > 0.999
+        assert "UNIDIRECTIONAL_SEQUENCE_LSTM" in _ops((tmp_path / "d" / name / "model.tflite").read_bytes())
+    assert any("fused UNIDIRECTIONAL_SEQUENCE_LSTM" in n for n in r.report["notes"])
