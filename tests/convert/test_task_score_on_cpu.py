@@ -241,3 +241,20 @@ def test_metric_failures():
         task_score.choose(None, labels, ref, "embedding", "e", 1)
     with pytest.raises(UserError, match="NaN or inf"):
         task_score.TaskScore(task_score.Metric("a", task_score.accuracy), np.full(len(labels), np.nan), [ref], 0)
+
+
+def test_calibration_never_holds_an_eval_row(files, tmp_path):
+    from tpu_pipeline.convert.module.kind import ModuleKind
+    from tpu_pipeline.convert.options import ConvertOptions
+
+    def load(calib):
+        o = ConvertOptions(eval_data=files / "eval.npz", calib=calib)
+        return ModuleKind.load(files / "model.pt", o, np.random.default_rng(0), lambda _m: None)
+
+    kind = load(files / "calib.npz")
+    evals = {r[0].tobytes() for r in kind.eval_set.rows}
+    assert len(kind.calib_data) == 64 and not evals & {r[0].tobytes() for r in kind.calib_data}
+    assert any(f"{SHARED} of {64 + SHARED} rows" in n for n in kind.notes)
+    np.savez(tmp_path / "all_shared.npz", x=np.load(files / "eval.npz")["x"][:5])
+    with pytest.raises(UserError, match=r"every row of --calib \(5\) is also an --eval-data row"):
+        load(tmp_path / "all_shared.npz")
