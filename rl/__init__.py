@@ -10,7 +10,7 @@ if __name__ != "tpu_pipeline.rl":
     # tpu_pipeline.rl (see pyproject's package-dir).
     raise ImportError("import tpu_pipeline.rl, not a top-level 'rl'")
 
-from tpu_pipeline.rl.api import evaluate_policy, run  # noqa: E402
+from tpu_pipeline.rl.api import evaluate_generator, evaluate_policy, run  # noqa: E402
 from tpu_pipeline.rl.recipe import RLConfig, load_recipe  # noqa: E402
 
-__all__ = ["RLConfig", "evaluate_policy", "load_recipe", "run"]
+__all__ = ["RLConfig", "evaluate_generator", "evaluate_policy", "load_recipe", "run"]

@@ -26,6 +26,7 @@ from tpu_pipeline.rl.lora import AdaptersOff, add_lora
 from tpu_pipeline.rl.policy import (build_optimizer, check_policy_files, load_policy, save_policy, warm_start,
                                     warm_start_overrides, warm_start_recipe)
 from tpu_pipeline.rl.rewards import GuardedReward, load_reward
+from tpu_pipeline.rl.task_eval import Generate, TaskEval, wilson, write_record
 from tpu_pipeline.train.tasks import TASK_SOURCES
 from tpu_pipeline.train.tasks.base import TaskSource
 from tpu_pipeline.training import Hook
@@ -206,7 +207,8 @@ def _run_local(cfg: RLConfig, out: Path, *, resume: bool, hooks, progress: bool,
         eng.save_checkpoint()
     after = {**eng.evaluate(heldout, k=cfg.trainer.eval_k), "policy": str(out / "policy")}
     # LoRA adapters are folded into plain weights: policy/ loads without peft (and converts).
-    save_policy(lora.merged() if lora else model, tok, out / "policy")
+    save_policy(lora.merged() if lora else model, tok, out / "policy",
+                extra=lambda stage: write_record(cfg, stage, engine="local"))
     unseen = _unseen_by_warm_start(cfg, eng, source, before)
     evals = {
         "before": before, "after": after,
@@ -272,4 +274,24 @@ def evaluate_policy(recipe: str, policy: str | Path, *, seed: int | None = None,
                        precision=cfg.trainer.precision)
     finally:
         guard.close()
-    return {"policy": str(policy), "split": split, **res}
+    return {"policy": str(policy), "split": split, **res, "interval": wilson(res["correct"], res["n"])}
+
+
+def evaluate_generator(recipe: str, generate: Generate, *, label: str, seed: int | None = None,
+                       n: int | None = None, k: int | None = None, data: str | None = None) -> dict:
+    """Greedy accuracy of any text generator (`generate(prompt_text, max_new_tokens) -> text`: a
+    .litertlm bundle on LiteRT-LM, handed in by the CLI) on the same held-out problems, prompt text,
+    response limit and verifier as evaluate_policy scores a PyTorch policy with."""
+    if k:
+        raise UserError(f"--k {k}: {label} is scored greedy only (pass@k samples at a temperature, and a "
+                        "bundle samples with its own sampler); pass --k 0")
+    ov: dict[str, Any] = {}
+    if n is not None:
+        if n < 1:
+            raise UserError(f"--n must be >= 1, got {n}")
+        ov["data.heldout_n"] = n
+    cfg = prepare_config(recipe, data=data, policy=label, overrides=ov)
+    task = TaskEval(cfg, seed=seed)
+    res = task.generator_accuracy(generate)
+    res.pop("responses")
+    return {"policy": label, "split": task.split, **res}

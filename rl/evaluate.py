@@ -34,11 +34,14 @@ def decode(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
 @torch.no_grad()
 def evaluate(model, tokenizer, problems: Sequence[Problem], score: Callable, *, max_prompt_length: int,
              max_response_length: int, overlong: str = "truncate", k: int = 0, temperature: float = 1.0,
-             seed: int = 0, batch_size: int = 512, precision: str = "float32") -> dict:
-    """{"accuracy": greedy pass@1, "n": ..., "pass_at_k": ..., "k": ..., "seconds": ...}.
+             seed: int = 0, batch_size: int = 512, precision: str = "float32",
+             texts_out: list[str] | None = None) -> dict:
+    """{"accuracy": greedy pass@1, "n": ..., "correct": ..., "pass_at_k": ..., "k": ..., "seconds": ...}.
 
     `score(items) -> list[float]` with items (data_source, text, ground_truth, extra_info).
     `precision`: trainer.precision (bf16 autocast on CUDA for "auto").
+    `texts_out`: receives each problem's greedy response text, in order (task_eval compares
+    another generator's answers with them problem by problem).
     """
     was_training = model.training
     model.eval()
@@ -54,6 +57,8 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], score: Callable, *, 
             r = generate(model, ids[s:s + batch_size], n=1, max_new_tokens=max_response_length, temperature=0.0,
                          eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, greedy=True)
         texts = decode(tokenizer, r.responses, r.response_mask)
+        if texts_out is not None:
+            texts_out.extend(texts)
         scores = score([(p.data_source, t, p.ground_truth, p.extra_info) for p, t in zip(chunk, texts)])
         correct += sum(1.0 for x in scores if x >= 1.0)
         if k:
@@ -72,7 +77,7 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], score: Callable, *, 
     n = len(problems)
     if was_training:
         model.train()
-    out = {"accuracy": correct / max(n, 1), "n": n}
+    out = {"accuracy": correct / max(n, 1), "n": n, "correct": int(correct)}
     if k:
         out.update(pass_at_k=passed / max(n, 1), k=k, temperature=temperature)
     out["seconds"] = round(time.time() - t0, 2)

@@ -13,7 +13,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -132,8 +132,9 @@ def load_policy(path: str | Path, device=None, dtype=torch.float32):
     return model, tok
 
 
-def save_policy(model, tokenizer, out: str | Path) -> Path:
-    """A Hugging Face folder (config.json, model.safetensors, tokenizer files), written atomically."""
+def save_policy(model, tokenizer, out: str | Path, *, extra: Callable[[Path], None] | None = None) -> Path:
+    """A Hugging Face folder (config.json, model.safetensors, tokenizer files), written atomically;
+    `extra(stage)` adds files inside the same atomic write (rl's policy record, task_eval)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -141,6 +142,8 @@ def save_policy(model, tokenizer, out: str | Path) -> Path:
     with staged_dir(out) as stage:
         model.save_pretrained(stage, safe_serialization=True)
         tokenizer.save_pretrained(stage)
+        if extra is not None:
+            extra(stage)
     return out
 
 

@@ -27,6 +27,7 @@ from tpu_pipeline.rl.evaluate import evaluate
 from tpu_pipeline.rl.policy import load_policy
 from tpu_pipeline.rl.recipe import RLConfig
 from tpu_pipeline.rl.rewards import GuardedReward, load_reward
+from tpu_pipeline.rl.task_eval import write_record
 
 # local row key <- VeRL metric key (verl/trainer/ppo/metric_utils.py, ray_trainer.py)
 VERL_KEYS = {
@@ -137,6 +138,7 @@ def finish(cfg: RLConfig, out: Path, result: dict, *, policy_path: Path, checkpo
         for f in hf.iterdir():
             if f.is_file() and f.name not in skip:
                 shutil.copy2(f, stage / f.name)
+        write_record(cfg, stage, engine="verl")
     log(f"evaluating the starting and the trained policy on {cfg.data.heldout_n} held-out problems")
     before, after = score_policy(cfg, policy_path), score_policy(cfg, out / "policy")
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()] \

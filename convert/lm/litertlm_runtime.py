@@ -6,6 +6,7 @@ greedy sampling, no prompt template. No PyTorch here: `tpu-pipeline generate
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from pathlib import Path
 from typing import Iterator
 
@@ -75,6 +76,33 @@ class BundleRunner:
                 "prefill_tokens_per_s": info.last_prefill_tokens_per_second,
                 "decode_tokens": info.last_decode_token_count,
                 "decode_tokens_per_s": info.last_decode_tokens_per_second}
+
+
+def bundles_in(path: str | Path) -> list[tuple[str, Path]] | None:
+    """The .litertlm bundles `path` names, as (label, file): the file itself, a target folder
+    holding model.litertlm, or a convert output folder (each target's bundle; byte-identical
+    files once, labelled by all their targets). None for a Hugging Face folder (config.json and
+    no bundle: PyTorch's to run). Anything else is a UserError saying what is accepted."""
+    path = Path(path)
+    if path.is_file():
+        if path.suffix != ".litertlm":
+            raise UserError(f"policy {path}: not a .litertlm bundle; pass a model.litertlm, a convert output folder "
+                            "or a Hugging Face policy folder")
+        return [(path.parent.name, path)]
+    if not path.is_dir():
+        raise UserError(f"policy {path}: no such file or folder")
+    if (path / BUNDLE_FILE).is_file():
+        return [(path.name, path / BUNDLE_FILE)]
+    if (path / "config.json").is_file():
+        return None
+    by_content: dict[str, tuple[list[str], Path]] = {}
+    for bundle in sorted(path.glob(f"*/{BUNDLE_FILE}")):
+        digest = hashlib.sha256(bundle.read_bytes()).hexdigest()
+        by_content.setdefault(digest, ([], bundle))[0].append(bundle.parent.name)
+    if not by_content:
+        raise UserError(f"policy {path}: neither a Hugging Face policy folder (config.json) nor a bundle folder "
+                        f"({BUNDLE_FILE} in it or in its target folders)")
+    return [(",".join(names), bundle) for names, bundle in by_content.values()]
 
 
 def generate(folder: Path, prompt: str, max_new_tokens: int, *, threads: int | None = None) -> str:

@@ -32,6 +32,8 @@ def _p_hash_first(model, tok) -> float:
 def test_run_writes_the_contract_artifacts(tmp_path, tiny_policy):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tpu_pipeline.errors import UserError
+
     out = tmp_path / "run"
     res = _run(out, tiny_policy, steps=3)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -47,6 +49,16 @@ def test_run_writes_the_contract_artifacts(tmp_path, tiny_policy):
     model = AutoModelForCausalLM.from_pretrained(out / "policy")
     tok = AutoTokenizer.from_pretrained(out / "policy")
     assert model.config.model_type == "llama" and tok.eos_token == "</s>"
+    # policy/ records the recipe it was trained by, overrides included (convert scores its bundles on that task)
+    from tpu_pipeline.rl.task_eval import RECORD_FILE, read_record
+
+    recorded = read_record(out / "policy")
+    assert recorded.name == "grpo_math" and recorded.data.heldout_n == 40 and recorded.trainer.steps == 3
+    assert json.loads((out / "policy" / RECORD_FILE).read_text())["engine"] == "local"
+    (out / "policy" / RECORD_FILE).write_text("{not json")
+    with pytest.raises(UserError, match="not a readable rl policy record"):
+        read_record(out / "policy")
+    assert read_record(tiny_policy) is None  # a folder rl did not write: no task, converts as before
 
 
 def test_reward_signal_alone_moves_the_policy(tmp_path, tiny_policy, test_rewards):
