@@ -63,6 +63,9 @@ demo: install
 	$(BIN)/tpu-pipeline convert runs/demo/grpo_math/policy --out dist/demo/grpo_math
 	# the GRPO policy answers through its .litertlm bundle on the LiteRT-LM runtime, without PyTorch
 	$(BIN)/tpu-pipeline generate dist/demo/grpo_math/desktop --prompt "3+4-2=" --max-new-tokens 8
+	# the loop to the phone closed: the same held-out problems, PyTorch's policy and the shipped android bundle
+	$(BIN)/tpu-pipeline eval --recipe grpo_math --policy runs/demo/grpo_math/policy --k 0
+	$(BIN)/tpu-pipeline eval --recipe grpo_math --policy dist/demo/grpo_math/android/model.litertlm
 
 # Import layers (pyproject [tool.importlinter]); a violation fails `make test`.
 lint: $(STAMP)

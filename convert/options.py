@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -38,6 +38,8 @@ class ConvertOptions:
     prompts: str | Path | None = None    # LMs: text file, one parity prompt per line (default: random tokens)
     lm_max_len: int | None = None        # LMs: KV-cache length (default: min(max_position_embeddings, 256))
     lm_prefill_len: int | None = None    # LMs: tokens per prefill call (default: min(32, max_len))
+    lm_task: Any = None                  # LMs: the task an rl policy was trained on (convert/lm/task_accuracy.LMTask;
+                                         # the CLI passes the policy's recorded recipe): each bundle's accuracy on it
 
 
 # ConvertOptions field -> the CLI flag users know it by

@@ -181,6 +181,10 @@ def render_html(report: dict) -> str:
                     + (f"; in the browser {b['generation_agreement']:.0%}" if "generation_agreement" in b else "")
                     + (f"<br>model.litertlm on LiteRT-LM: {lm['generation_agreement']:.0%} identical, "
                        f"{lm['near_ties']} near-ties" if (lm := p.get("litert_lm")) else "")
+                    + (f"<br>task {e(tk['task'])} on LiteRT-LM: {tk['accuracy']:.3f} (95% CI {tk['interval'][0]:.3f}-"
+                       f"{tk['interval'][1]:.3f}) vs PyTorch {tk['torch_accuracy']:.3f} on {tk['n']} held-out problems, "
+                       f"{tk['answers_differ']} answers differ (bound: {100 * tk['max_task_drop']:.1f} points)"
+                       if (tk := p.get("lm_task")) else "")
                     + ("<br>prefill " + figs if figs else ""))
         acc = _accelerators(p)
         figs = f"{figs}<br>{acc}" if acc and figs else figs or acc
@@ -205,7 +209,7 @@ def render_html(report: dict) -> str:
     plot = f"<h2>Parity error per target and output</h2><div>{img}</div>" if img else "<p>(no parity figures)</p>"
     skipped = [f"{n}: skipped ({why})" for n, why in report.get("skipped_targets", {}).items()]
     notes = "".join(f"<li>{e(n)}</li>" for n in report.get("notes", []) + report.get("warnings", []) + skipped)
-    if report.get("task"):
+    if isinstance(report.get("task"), dict):  # a causal LM's report names its task as a string ("causal-lm")
         tk = report["task"]
         notes = (f"<li>task metric {e(tk['metric'])} ({e(tk['chosen'])}) on {tk['rows']} labelled rows from "
                  f"{e(tk['labels_from'])}: PyTorch {tk['torch_score']:.4g}{_ci(tk['torch_interval'])}</li>" + notes)

@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 from tpu_pipeline.convert import parity
 from tpu_pipeline.convert.browser import browser_unavailable, generate_litertjs
 from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
-from tpu_pipeline.convert.lm import litertlm
+from tpu_pipeline.convert.lm import litertlm, task_accuracy
 from tpu_pipeline.convert.lm.decode_ready import (LLAMA_FAMILY, TOKENIZER_FILES, cache_lengths, eos_token_ids,
                                             generation_parity, load_hf_causal_lm, write_decode_ready)
 from tpu_pipeline.convert.lm.decode_ready_runtime import META_FILE, LiteRTLanguageModel
@@ -112,6 +112,9 @@ class CausalLMKind(ModelKind):
         self.torch_logits: list[np.ndarray] | None = None  # PyTorch's held-out logits (teacher-forced reference)
         # bundle sha256 -> litert_lm figures + perplexity (or the error): targets sharing a recipe measure it once
         self.measured: dict[str, dict | ConversionError] = {}
+        # the task an rl policy was trained on (ConvertOptions.lm_task, task_accuracy.py) and PyTorch's figures on it
+        self.task: task_accuracy.LMTask | None = None
+        self.task_torch: dict | None = None
 
     @staticmethod
     def detect(path: Path) -> bool:
@@ -135,7 +138,9 @@ class CausalLMKind(ModelKind):
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         prompts, source = read_prompts(o.prompts, tokenizer, o.samples or PROMPTS_DEFAULT, model.config.vocab_size,
                                        max_len - MAX_NEW_TOKENS, rng)
-        return cls(path, model, prompts, source, max_len, prefill_len, tokenizer)
+        kind = cls(path, model, prompts, source, max_len, prefill_len, tokenizer)
+        kind.task = o.lm_task
+        return kind
 
     def export_float(self, work: Path, say: Progress) -> Artifact:
         say("export: float32 .litertlm bundle (litert-torch export_hf, child process)")
@@ -211,7 +216,25 @@ class CausalLMKind(ModelKind):
             raise ConversionError(f"litert_lm could not run model.litertlm: {lines[-1][:200]}") from None
         say(f"held-out perplexity on {len(self.heldout)} lines (the bundle's graph on ai-edge-litert)")
         fig["perplexity"] = self._perplexity(bundle)
+        if self.task is not None:
+            try:
+                fig["task"] = self._task(bundle, work, say)
+            except UserError as e:  # a task this bundle cannot be fed (chat-template prompts): said, not failed
+                fig["task_skipped"] = str(e)
         return fig
+
+    def _task(self, bundle: bytes, work: Path, say: Progress) -> dict:
+        """The bundle's accuracy on the rl policy's task through litert_lm, beside PyTorch's."""
+        if self.task_torch is None:
+            say(f"task {self.task.name}: PyTorch's greedy accuracy on {self.task.describe()['problems']} held-out problems")
+            self.task_torch = task_accuracy.torch_accuracy(self.task, self.path)
+        say(f"task {self.task.name}: model.litertlm's greedy accuracy through litert_lm")
+        try:
+            return task_accuracy.bundle_accuracy(self.task, bundle, work / "task", self.task_torch,
+                                                 max_num_tokens=self.max_len, threads=MEASURE_THREADS)
+        except RuntimeError as e:  # the engine loads the bundle but cannot run a prompt (its last line says why)
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or ["no message"]
+            raise ConversionError(f"litert_lm could not answer the task's prompts: {lines[-1][:200]}") from None
 
     def _perplexity(self, bundle: bytes) -> dict:
         """The bundle's held-out perplexity next to PyTorch's float32 one (quant_recipes.py)."""
@@ -267,7 +290,17 @@ class CausalLMKind(ModelKind):
         if ppl["change"] is not None and abs(ppl["change"]) > prof.max_perplexity_change:
             reasons.append(f"held-out perplexity {ppl['artifact']:.4f} vs PyTorch {ppl['torch']:.4f} "
                            f"({ppl['change']:+.2%}; bound +-{prof.max_perplexity_change:.2%})")
+        if "task" in fig:  # an rl policy: the task it was trained for decides too, whatever the recipe
+            reasons += task_accuracy.verdict(fig["task"], prof.max_task_drop, self.task.name)
         return fig, reasons
+
+    def _task_figures(self, bundle: dict, prof: TargetProfile) -> dict:
+        """report.json targets.*.parity.lm_task: the bundle's task accuracy beside PyTorch's and the bound."""
+        if "task" not in bundle:
+            return {}
+        fig = bundle["task"]
+        return {"lm_task": {**fig, "task": self.task.name, "max_task_drop": prof.max_task_drop,
+                            "passed": not task_accuracy.verdict(fig, prof.max_task_drop, self.task.name)}}
 
     @staticmethod
     def _recipe(bundle_fig: dict, bundle: bytes, prof: TargetProfile) -> dict:
@@ -279,13 +312,16 @@ class CausalLMKind(ModelKind):
                 "teacher_forced_top1": tf.get("top1_agreement"), "mean_kl": tf.get("mean_kl"),
                 "near_ties": bundle_fig["near_ties"], "agreement_with_near_ties": bundle_fig["agreement_with_near_ties"],
                 "perplexity": ppl["artifact"], "perplexity_torch": ppl["torch"], "perplexity_change": ppl["change"],
-                "max_perplexity_change": prof.max_perplexity_change}
+                "max_perplexity_change": prof.max_perplexity_change,
+                **({"task_accuracy": bundle_fig["task"]["accuracy"]} if "task" in bundle_fig else {})}
 
     def parity(self, prof: TargetProfile, art: Artifact, info: ModelInfo, o: ConvertOptions, work: Path,
                say: Progress) -> Parity:
         bundle, bundle_reasons = self._bundle_parity(prof, art, work, say)
         skipped_ppl = bundle["perplexity"].get("skipped")
         ppl_warnings = [f"held-out perplexity not measured: {skipped_ppl}"] if skipped_ppl else []
+        if "task_skipped" in bundle:
+            ppl_warnings.append(f"task accuracy not measured: {bundle['task_skipped']}")
         if not self.decode_ready:
             warnings = ppl_warnings + ([f"browser parity skipped: the in-browser page drives the decode-ready export "
                                         f"({self.decode_ready_skipped})"] if prof.browser_parity else [])
@@ -293,6 +329,7 @@ class CausalLMKind(ModelKind):
                        **{k: bundle[k] for k in ("prompts", "generation_agreement", "first_generation_divergence")},
                        "litert_lm": bundle, "max_new_tokens": MAX_NEW_TOKENS,
                        "lm_recipe": self._recipe(bundle, art.extra_files[litertlm.BUNDLE_FILE], prof),
+                       **self._task_figures(bundle, prof),
                        "tolerances": {"min_generation_agreement": prof.min_generation_agreement,
                                       "max_perplexity_change": prof.max_perplexity_change}}
             return Parity(figures=figures, warnings=warnings, runtime=litertlm.RUNTIME)
@@ -328,6 +365,7 @@ class CausalLMKind(ModelKind):
         figures = {"passed": ok_gen and ok_logits and not bundle_reasons, "reasons": reasons + bundle_reasons,
                    "runtime": "ai-edge-litert", "litert_lm": bundle, **({"browser": browser} if browser else {}),
                    "lm_recipe": self._recipe(bundle, art.extra_files[litertlm.BUNDLE_FILE], prof),
+                   **self._task_figures(bundle, prof),
                    **gen, "max_new_tokens": MAX_NEW_TOKENS, "outputs": {"logits": logits}, "tolerances": tolerances,
                    **{k: logits[k] for k in ("max_abs", "rmse", "cosine", "snr_db", "top1") if k in logits}}
         return Parity(figures=figures, warnings=warnings, runtime=f"{runtime}; {litertlm.RUNTIME}")
@@ -392,5 +430,7 @@ class CausalLMKind(ModelKind):
         return {"source_format": f"Hugging Face causal-LM folder ({exports})", "task": "causal-lm",
                 "lm": {k: self.meta.get(k) for k in ("max_len", "prefill_len", "cache_shape", "eos_token_ids")},
                 "samples": len(self.prompts), "sample_source": self.sample_source,
+                **({"lm_task": {**self.task.describe(), "torch": task_accuracy.public(self.task_torch)}}
+                   if self.task is not None and self.task_torch is not None else {}),
                 "notes": [f"model.litertlm only: {self.decode_ready_skipped}; the target's model.tflite is the "
                           f"bundle's own prefill/decode graph"] if self.decode_ready_skipped else []}

@@ -7,6 +7,7 @@ Llama, multi-query Gemma); bench/lm_families.py runs every family."""
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
@@ -108,17 +109,31 @@ def test_dynamic_int8_bundle_is_smaller_and_judged_by_near_ties(llama):
 
 
 @pytest.mark.slow
-def test_convert_gemma_multi_query_ships_the_bundle_and_generate_runs_it(tmp_path):
+def test_convert_gemma_multi_query_ships_the_bundle_and_generate_runs_it(tmp_path, monkeypatch):
     """A family beyond the decode-ready export (Gemma, one kv head) through `tpu-pipeline convert`:
     the target folder holds model.litertlm (and its own graph as model.tflite), parity ran on
-    litert_lm, and `generate` answers through LiteRT-LM; the reference client says why it cannot."""
+    litert_lm, and `generate` answers through LiteRT-LM; the reference client says why it cannot. As an
+    rl policy (its recipe recorded) each bundle is scored on the task beside PyTorch, and `eval` scores
+    the bundle on the same problems (issue 20 item 4)."""
     import json
 
     from click.testing import CliRunner
 
     from tpu_pipeline.cli import cli
 
+    from tpu_pipeline.recipes import find_recipe
+    from tpu_pipeline.rl.recipe import load_recipe
+    from tpu_pipeline.rl.task_eval import write_record
+
     folder = save_family("gemma", tmp_path / "gemma", kv_heads=1)
+    # as rl saves a policy: the folder records its recipe, so convert scores each bundle on that task. A
+    # random model earns nothing from grpo_math's strict verifier; the rl tests' odd_char_sum pays about half
+    # the answers, so equal accuracies mean something
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "rl"))
+    recipe = tmp_path / "grpo_math.toml"
+    recipe.write_text(find_recipe("rl", "grpo_math").read_text().replace(
+        'reward = "verl_default"', 'reward = "rewards_for_tests:odd_char_sum"'))
+    write_record(load_recipe(recipe, {"data.heldout_n": 24}), folder, engine="local")
     (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
     out = tmp_path / "dist"
     r = CliRunner().invoke(cli, ["convert", str(folder), "--targets", "desktop", "--out", str(out), "--prompts",
@@ -126,6 +141,24 @@ def test_convert_gemma_multi_query_ships_the_bundle_and_generate_runs_it(tmp_pat
     assert r.exit_code == 0, r.output
     report = json.loads((out / "report.json").read_text())
     t = report["targets"]["desktop"]
+    # the task: PyTorch once, the float32 bundle through LiteRT-LM, answer for answer the same
+    task, lt = report["lm_task"], t["parity"]["lm_task"]
+    assert task["recipe"] == "grpo_math" and task["problems"] == lt["n"] == 24
+    assert 0 < task["torch"]["correct"] < 24, task  # the verifier tells these answers apart
+    assert lt["accuracy"] == lt["torch_accuracy"] == task["torch"]["accuracy"] and lt["answers_differ"] == 0
+    assert lt["interval"][0] < lt["accuracy"] < lt["interval"][1] and lt["passed"] and lt["max_task_drop"] > 0
+    assert "bundle on LiteRT-LM" in r.output
+    assert "task grpo_math on LiteRT-LM" in (out / "report.html").read_text()
+    # `eval` scores the shipped bundle (the file, or the convert output folder) on the same problems
+    for policy in (out / "desktop" / "model.litertlm", folder):
+        e = CliRunner().invoke(cli, ["eval", "--recipe", str(recipe), "--policy", str(policy), "--n", "24", "--k", "0",
+                                     "--json"])
+        assert e.exit_code == 0, e.output
+        res = json.loads(e.output)
+        assert (res["correct"], res["n"], res["split"]) == (task["torch"]["correct"], 24, "heldout"), res
+        assert res["interval"] == lt["interval"] and res.get("targets", "desktop") == "desktop"
+    e = CliRunner().invoke(cli, ["eval", "--policy", str(tmp_path / "prompts.txt")])
+    assert e.exit_code == 2 and e.output.startswith("Error: policy") and "not a .litertlm" in e.output
     assert t["passed"] and t["runtime"] == litertlm.RUNTIME
     assert t["parity"]["generation_agreement"] == 1.0 and t["parity"]["prompts"] == len(PROMPTS)
     assert t["parity"]["litert_lm"]["tokenizer_agreement"] == 1.0
@@ -314,3 +347,40 @@ def test_lm_families_are_one_registry_of_supported_and_refused():
     with pytest.raises(UserError, match=r"built for model types llama, qwen2, qwen3, mistral, gemma, gemma2, "
                                         r"gemma3_text, phi3, not 'bert'"):
         litertlm.check_family(types.SimpleNamespace(model_type="bert"))
+
+
+def test_task_drop_verdict_bounds_the_bundle_against_pytorch():
+    """A bundle may answer at most max_task_drop of the problems worse than PyTorch; better is never a failure."""
+    from tpu_pipeline.convert.lm.task_accuracy import verdict
+
+    def fig(torch_correct, correct, n=200):
+        return {"accuracy": correct / n, "n": n, "interval": [0.0, 1.0], "torch_accuracy": torch_correct / n,
+                "torch_interval": [0.0, 1.0], "drop_points": 100 * (torch_correct - correct) / n}
+
+    assert verdict(fig(150, 148), 0.01, "grpo_math") == []  # exactly one point: at the bound
+    (why,) = verdict(fig(150, 147), 0.01, "grpo_math")
+    assert "1.5 points lower" in why and "max_task_drop = 1.0 points" in why and "grpo_math" in why
+    assert verdict(fig(100, 190), 0.0, "grpo_math") == []
+    assert verdict(fig(100, 99), 0.0, "grpo_math") != []
+
+
+def test_eval_finds_the_bundles_a_path_names(tmp_path):
+    """A .litertlm file, a target folder, a convert output folder (identical bundles once, named by all
+    their targets) or a Hugging Face folder (None: PyTorch's); anything else is one UserError."""
+    from tpu_pipeline.convert.lm.litertlm_runtime import bundles_in
+
+    for target, data in (("android", b"int8"), ("ios", b"int8"), ("desktop", b"float32")):
+        (tmp_path / "dist" / target).mkdir(parents=True)
+        (tmp_path / "dist" / target / "model.litertlm").write_bytes(data)
+    found = bundles_in(tmp_path / "dist")
+    assert sorted(label for label, _ in found) == ["android,ios", "desktop"]
+    assert bundles_in(tmp_path / "dist" / "ios") == [("ios", tmp_path / "dist" / "ios" / "model.litertlm")]
+    assert bundles_in(tmp_path / "dist" / "ios" / "model.litertlm")[0][0] == "ios"
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    assert bundles_in(tmp_path / "hf") is None
+    (tmp_path / "notes.txt").write_text("x")
+    for bad, words in ((tmp_path / "notes.txt", "not a .litertlm bundle"), (tmp_path / "nope", "no such file"),
+                       (tmp_path / "hf" / "..", "neither a Hugging Face policy folder")):
+        with pytest.raises(UserError, match=words):
+            bundles_in(bad)

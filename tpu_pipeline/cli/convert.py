@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -66,14 +67,18 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
     """
     # start-up: the pipeline imports torch and LiteRT; `tpu-pipeline convert --help` need not
     from tpu_pipeline.convert.pipeline import convert
+    from tpu_pipeline.rl.task_eval import policy_task
 
+    # an rl policy folder records its recipe: each bundle is also scored on that task (LiteRT-LM vs PyTorch)
+    lm_task = policy_task(model) if Path(model).is_dir() else None
     result = convert(model, targets=targets, out=out, calibration=calib,
                      progress=lambda msg: click.echo(f"  {msg}", err=True),
                      input_shapes=tuple(input_shapes), model_class=model_class, model_kwargs=model_kwargs,
                      trust_pickle=trust_pickle, eval_data=eval_data, metric=metric, samples=samples,
                      output_kinds=tuple(output_kinds), atol=atol, rtol=rtol,
                      min_cosine=min_cosine, seed=seed, refine_rounds=refine_rounds, latency=not no_latency,
-                     profile_dir=profile_dir, prompts=prompts, lm_max_len=lm_max_len, lm_prefill_len=lm_prefill_len)
+                     profile_dir=profile_dir, prompts=prompts, lm_max_len=lm_max_len, lm_prefill_len=lm_prefill_len,
+                     **({"lm_task": lm_task} if lm_task is not None else {}))
     if as_json:
         click.echo(json.dumps(result.report, indent=2, default=str))
     else:
@@ -143,6 +148,18 @@ def _print_lm_table(report: dict) -> None:
                    f"{lat.get('artifact') or float('nan'):>8.3f} {lat.get('torch_eager') or float('nan'):>7.3f}")
     for name, why in report.get("skipped_targets", {}).items():
         click.echo(f"{name:<8} skipped: {why}")
+    task = report.get("lm_task")
+    if task:
+        lo, hi = task["torch"]["interval"]
+        click.echo(f"task {task['recipe']} ({task['problems']} held-out problems, greedy, verifier {task['verifier']}): "
+                   f"PyTorch {task['torch']['accuracy']:.3f} (95% CI {lo:.3f}-{hi:.3f})")
+        for name, t in report["targets"].items():
+            lt = (t.get("parity") or {}).get("lm_task")
+            if lt:
+                lo, hi = lt["interval"]
+                click.echo(f"  {name:<8} bundle on LiteRT-LM {lt['accuracy']:.3f} (95% CI {lo:.3f}-{hi:.3f}), "
+                           f"{lt['drop_points']:+.1f} points below PyTorch (bound {100 * lt['max_task_drop']:.1f}), "
+                           f"{lt['answers_differ']} answers differ: {'ok' if lt['passed'] else 'FAIL'}")
     for w in report.get("warnings", []):
         click.echo(w, err=True)
     click.echo(f"wrote {report['out']}/ (report.html, report.json); run it: tpu-pipeline generate {report['out']}/desktop "
