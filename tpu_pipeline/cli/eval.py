@@ -21,8 +21,10 @@ from tpu_pipeline.cli.commands import register
 @click.option("--device", default=None, help="auto, tpu, cuda or cpu (PyTorch policies).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def command(recipe, policy, seed, n, k, data, device, as_json):
-    """Evaluate a policy, or a shipped .litertlm bundle, on held-out problems: greedy accuracy
-    with its 95% Wilson interval, by the recipe's verifier."""
+    """Score a policy or a shipped .litertlm bundle.
+
+    Greedy accuracy on the recipe's held-out problems, by its verifier, with a 95% Wilson
+    interval."""
     # start-up: the bundle runtime needs no PyTorch; tpu_pipeline.rl imports torch, the kernels and train
     from tpu_pipeline.convert.lm.litertlm_runtime import BundleRunner, bundles_in
     from tpu_pipeline.errors import ConversionError, UserError
