@@ -15,6 +15,8 @@ from typing import Sequence
 import numpy as np
 from ai_edge_quantizer import quantizer, recipe
 
+from tpu_pipeline.convert.int8_ranges import observed_ranges
+from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.convert.tflite_rewrites import inline_buffers, lookups_as_gather
 from tpu_pipeline.convert.tool_output import first_line, quiet_native
 from tpu_pipeline.errors import ConversionError
@@ -31,10 +33,22 @@ def recipe_for(precision: str):
     return getattr(recipe, RECIPES[precision])()
 
 
+# How static int8 sets each activation's range from the calibration rows (int8_ranges.py finds
+# what the first one clips; the accuracy-aware rounds try the other):
+RANGE_ESTIMATORS = {
+    "moving_average": "ai-edge-quantizer's default: a moving average (smoothing 0.95) of each row's min/max",
+    "min_max": "the exact min/max over all calibration rows (no calibration value is clipped)",
+}
+
+
 def quantize(float_model: bytes, precision: str, calibration: list[dict[str, np.ndarray]] | None = None,
-             signature: str = "serving_default", keep_float: Sequence[str] = ()) -> bytes:
+             signature: str = "serving_default", keep_float: Sequence[str] = (),
+             range_estimator: str = "moving_average") -> bytes:
     """keep_float: op scopes (an op's output tensor names, as ai-edge-quantizer matches them)
-    left in float32: a per-op no_quantize entry after the precision's recipe (the last match wins)."""
+    left in float32: a per-op no_quantize entry after the precision's recipe (the last match wins).
+    range_estimator: RANGE_ESTIMATORS key (static int8)."""
+    if range_estimator not in RANGE_ESTIMATORS:
+        raise ValueError(f"range_estimator {range_estimator!r}; valid: {', '.join(RANGE_ESTIMATORS)}")
     if precision == "float32":
         return float_model
     if precision == "static_int8":
@@ -49,8 +63,26 @@ def quantize(float_model: bytes, precision: str, calibration: list[dict[str, np.
             result = None
             if q.need_calibration:
                 result = q.calibrate({signature: calibration or []}, num_threads=2)
+                if range_estimator == "min_max":
+                    result = _widen_to_min_max(result, float_model, calibration or [])
             model = bytes(q.quantize(result, enable_progress_report=False).quantized_model)
     except Exception as e:  # noqa: BLE001
         raise ConversionError(f"ai-edge-quantizer could not make the {precision} variant: {type(e).__name__}: {first_line(e)}") from None
     # full-integer is the TFLM variant, and TFLM reads no external buffers (written from 256 KiB of weights)
     return inline_buffers(model) if precision == "static_int8" else model
+
+
+def _widen_to_min_max(qsvs: dict, float_model: bytes, calibration: list[dict[str, np.ndarray]]) -> dict:
+    """The quantizer's calibration result (tensor name -> {"min", "max"} arrays) widened to the exact
+    min/max each activation reaches over the calibration rows. ai-edge-quantizer's calibrator takes
+    an update function, but Quantizer.calibrate does not pass one on; its result is the public
+    hand-over between calibrate and quantize, so the ranges are set there."""
+    inputs = inspect_model(float_model).inputs
+    exact = observed_ranges(float_model, ([row[t.key] for t in inputs] for row in calibration))
+    out = {}
+    for name, qsv in qsvs.items():
+        if name in exact and qsv and "min" in qsv and "max" in qsv:
+            lo, hi = exact[name]
+            qsv = {**qsv, "min": np.minimum(qsv["min"], lo), "max": np.maximum(qsv["max"], hi)}
+        out[name] = qsv
+    return out

@@ -99,6 +99,9 @@ def _choice(t: dict) -> str:
         parts.append(f"<table class='cands'><tr>{head}</tr>{body}</table>")
     if t.get("chosen_because"):
         parts.append(f"<p>chosen: {e(t['chosen_because'])}</p>")
+    repairs = _int8_repairs(t.get("int8_repairs"))
+    if repairs:
+        parts.append(repairs)
     kept = t.get("kept_float")
     if kept:
         rounds = "".join(f"<li>kept {e(str(r.get('kept')))}: {'pass' if r.get('passed') else 'fail'}, "
@@ -108,6 +111,47 @@ def _choice(t: dict) -> str:
                      f"({'passes' if kept.get('passed') else 'still fails'}; +{kept.get('bytes_added', 0)} bytes)</p>"
                      f"<ol>{rounds}</ol>")
     return "".join(parts)
+
+
+def _int8_ranges(r: dict | None) -> str:
+    """The static-int8 range check (int8_ranges.py): each clipped tensor with its float and int8
+    ranges and the share of values outside (outputs first), or that none clips."""
+    if not r:
+        return ""
+    e = html.escape
+    if "skipped" in r:
+        return f"<b>int8 range check: not done</b> ({e(r['skipped'])})"
+    if not r.get("clipped") and not r.get("outputs_capped"):
+        return f"int8 ranges: none clips the float model over {r['rows']} rows ({r['checked']} tensors)"
+    rows = "".join(
+        f"<li>{'<b>' if c['role'] == 'output' else ''}{e(c['module'] or c['tensor'])}{'</b>' if c['role'] == 'output' else ''}"
+        f" ({e(c['role'])}, {e(c['op'])}): float [{c['float_range'][0]:.4g}, {c['float_range'][1]:.4g}], int8 holds "
+        f"[{c['representable'][0]:.4g}, {c['representable'][1]:.4g}], reached [{c['int8_reached'][0]:.4g}, "
+        f"{c['int8_reached'][1]:.4g}]; {c['outside_share']:.2%} of values outside</li>" for c in r["clipped"][:6])
+    capped = "".join(f"<li><b>output {e(c['tensor'])} reaches [{c['int8_reached'][0]:.4g}, {c['int8_reached'][1]:.4g}] "
+                     f"in int8</b> (float [{c['float_range'][0]:.4g}, {c['float_range'][1]:.4g}])</li>"
+                     for c in r.get("outputs_capped", []))
+    more = len(r["clipped"]) - 6
+    return (f"int8 ranges clip the float model on {len(r['clipped'])} of {r['checked']} tensors over {r['rows']} rows:"
+            f"<ul>{capped}{rows}{f'<li>{more} more</li>' if more > 0 else ''}</ul>")
+
+
+def _int8_repairs(rep: dict | None) -> str:
+    """The accuracy-aware rounds for clipped int8 ranges: each repair, tried or why not, with its cost."""
+    if not rep:
+        return ""
+    e, items = html.escape, []
+    for x in rep["repairs"]:
+        if not x.get("tried"):
+            items.append(f"<li>{e(x['repair'])}: not tried ({e(x['why'])})</li>")
+            continue
+        lat = (f", latency {_cell(x.get('latency_ms_before'))} -> {_cell(x.get('latency_ms'))} ms"
+               if x.get("latency_ms") is not None else ", latency not measured")
+        items.append(f"<li>{e(x['repair'])}: {'pass' if x['passed'] else 'fail'}, {x['bytes_added']:+d} bytes{lat}, "
+                     f"cosine {_cell(x.get('cosine_mean'))}, {x['clipped_after']} tensors still clip"
+                     + (f" ({e(x['errors'][0])})" if x.get("errors") and not x["passed"] else "") + "</li>")
+    chosen = f"chosen: {e(rep['chosen'])}" if rep.get("chosen") else "<b>no repair passes</b>"
+    return f"<p>int8 range repairs ({chosen}):</p><ul>{''.join(items)}</ul>"
 
 
 def _accelerators(p: dict) -> str:
@@ -186,7 +230,7 @@ def render_html(report: dict) -> str:
                        f"{tk['answers_differ']} answers differ (bound: {100 * tk['max_task_drop']:.1f} points)"
                        if (tk := p.get("lm_task")) else "")
                     + ("<br>prefill " + figs if figs else ""))
-        acc = _accelerators(p)
+        acc = "<br>".join(x for x in (_accelerators(p), _int8_ranges(p.get("int8_ranges"))) if x)
         figs = f"{figs}<br>{acc}" if acc and figs else figs or acc
         task = _task_parity(p)
         figs = f"{task}<br>{figs}" if task and figs else figs or task

@@ -62,6 +62,7 @@ class TargetResult:
     candidates: list[dict] | None = None  # every precision measured for this target (when more than one)
     chosen_because: str | None = None    # why this precision won
     kept_float: dict | None = None       # accuracy-aware rounds: layers kept in float32 and what it cost
+    int8_repairs: dict | None = None     # accuracy-aware rounds: clipped int8 ranges, each repair tried and its cost
     artifact: Artifact | None = None     # the bytes written to the target folder
     info: ModelInfo | None = None
 
@@ -104,7 +105,7 @@ class TargetResult:
         optional = {"compatibility": self.compatibility, "failure": self.failure, "artifact": self.artifact_path,
                     "sha256": self.sha256, "app_snippet": self.app_snippet, "firmware": self.firmware,
                     "candidates": self.candidates, "chosen_because": self.chosen_because,
-                    "kept_float": self.kept_float}
+                    "kept_float": self.kept_float, "int8_repairs": self.int8_repairs}
         d.update({k: v for k, v in optional.items() if v is not None})
         return d
 

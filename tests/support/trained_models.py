@@ -6,6 +6,9 @@ the tests and the bench that check convert's verdict against the task (issue 19 
   through a final sigmoid over bins (probabilities); metric: bin accuracy.
 - boxes: a conv net regressing the box [x0, y0, x1, y1] of a bright rectangle on a noisy
   16 x 16 image ([N, 4] regression: no top-1 means anything); metric: mean IoU.
+- clipped_pitch: the pitch net calibrated on mostly-silent rows, whose int8 ranges clip the tones
+  (the planted calibration defect); metric: bin accuracy.
+- first_pulse: a GRU telling which channel of a noisy sequence pulsed first; metric: accuracy.
 
 Each builder returns a Trained: the module (eval mode), example input, calibration rows (from
 the training split), eval rows and labels (held out), and `metric(outputs, labels)`.
@@ -153,4 +156,70 @@ def boxes(steps: int = 250) -> Trained:
     return Trained("boxes", m, torch.from_numpy(xtr[:1]), xtr[:256], xte, bte, mean_iou, "regression")
 
 
+def _silence(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Frames with no tone: microphone noise only."""
+    return (0.05 * rng.standard_normal((n, 1, FRAME))).astype(np.float32)
+
+
+def clipped_pitch(steps: int = 400, silent_share: float = 0.9) -> Trained:
+    """The planted int8 calibration defect (issue 19 item 5): a pitch tracker trained on tones and
+    silence (silence: every bin off), calibrated on a recording that is mostly silence (90% of the
+    rows, as a device listening all day records), evaluated on tones. ai-edge-quantizer's moving-average
+    ranges then settle near the silent rows' extremes: the input waveform's int8 range ends at 0.17
+    (tones reach 1.6) and the logits' at 0, so every voiced bin's sigmoid is capped at 0.5, bins tie
+    and argmax reads the lowest (measured: bin accuracy 0.51 in int8 against 0.97 in PyTorch). The
+    exact min/max over the same calibration rows covers the tones (0.96)."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    xt, bt = _tones(1024, rng)
+    x = np.concatenate([xt, _silence(512, rng)])
+    y = np.concatenate([np.eye(BINS)[bt], np.zeros((512, BINS))]).astype(np.float32)
+    m = _fit(PitchNet(), torch.from_numpy(x), torch.from_numpy(y), nn.functional.binary_cross_entropy, steps)
+    xe, be = _tones(256, rng)
+    n_tones = round(256 * (1 - silent_share))
+    calib = np.concatenate([_tones(n_tones, rng)[0], _silence(256 - n_tones, rng)])
+    calib = calib[rng.permutation(len(calib))]
+    return Trained("clipped_pitch", m, torch.from_numpy(xe[:1]), calib, xe, be, accuracy, None)
+
+
+STEPS, CHANNELS = 8, 3
+
+
+def _pulses(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences (n, STEPS, CHANNELS) of noise with a pulse in each channel at a random step; the
+    label is the channel whose pulse came first (the model must remember what it saw)."""
+    x = 0.1 * rng.standard_normal((n, STEPS, CHANNELS))
+    order = np.argsort(rng.random((n, STEPS)), axis=1)[:, :CHANNELS]  # distinct steps, one per channel
+    for c in range(CHANNELS):
+        x[np.arange(n), order[:, c], c] += rng.uniform(0.7, 1.0, n)
+    return x.astype(np.float32), order.argmin(1)
+
+
+class SeqNet(nn.Module):
+    """Sequence (N, STEPS, CHANNELS) -> class scores (N, CHANNELS): a GRU read at its last step."""
+
+    def __init__(self, hidden: int = 16):
+        super().__init__()
+        self.rnn = nn.GRU(CHANNELS, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, CHANNELS)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out[:, -1])
+
+
+def first_pulse(steps: int = 600) -> Trained:
+    """A small recurrent model (issue 19 item 8): which channel pulsed first; metric: accuracy."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    xtr, ytr = _pulses(2048, rng)
+    xte, yte = _pulses(128, rng)
+    m = _fit(SeqNet(), torch.from_numpy(xtr), torch.from_numpy(ytr), nn.functional.cross_entropy, steps, lr=1e-2)
+    # 64 calibration rows: ai-edge-quantizer calibrates the unrolled GRU's 155 tensors row by row (30 s for 256)
+    return Trained("first_pulse", m, torch.from_numpy(xtr[:1]), xtr[:64], xte, yte, accuracy, "logits")
+
+
 BUILDERS = {"digits": digits, "pitch": pitch, "boxes": boxes}
+# built by their own tests (tests/convert/test_int8_ranges_on_cpu.py), not the verdict sweep over BUILDERS
+PLANTED = {"clipped_pitch": clipped_pitch}
+RECURRENT = {"first_pulse": first_pulse}
