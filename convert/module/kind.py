@@ -24,7 +24,8 @@ from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.global_pool import as_mean
-from tpu_pipeline.convert.module.recurrent import as_fused
+from tpu_pipeline.convert.module.lstm_reset import lstm_count
+from tpu_pipeline.convert.module.recurrent import UNROLLED, as_fused
 from tpu_pipeline.convert.module.accelerators import FLOAT16_CHECK, Pending
 from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs, load_model
 from tpu_pipeline.convert.options import DEFAULT_SAMPLES, ConvertOptions
@@ -75,6 +76,8 @@ class ModuleKind(ModelKind):
         self.torch_ms: float | None = None
         self.float_art: Artifact | None = None
         self._f16: dict | None = None
+        self._unfused: tuple | None = None  # (module before as_fused, work dir) when the export fused an LSTM
+        self._unrolled: Artifact | None = None  # its unfused float32 export, for web (made on demand)
         self._f16_weights: list[list[float]] | None = None  # precision_error("float16"), measured once
         # id(model bytes) -> (bytes, outputs per sample): targets that share a variant and runtime run it once
         self._xnnpack: dict[int, tuple[bytes, list]] = {}
@@ -172,11 +175,12 @@ class ModuleKind(ModelKind):
     def export_float(self, work: Path, say: Progress) -> Artifact:
         say("export: torch -> float32 .tflite (litert-torch, traced once)")
         module, notes = as_mean(self.m.module, self.m.sample_args)
-        module, fused = as_fused(module, self.m.sample_args)  # nn.LSTM as TFLite's fused op
+        unfused, (module, fused) = module, as_fused(module, self.m.sample_args)  # nn.LSTM as TFLite's fused op
         notes += fused
         self.notes += notes
         art = self.float_art = Artifact(model=export_float(dataclasses.replace(self.m, module=module),
                                                            work / "float.tflite"))
+        self._unfused = (unfused, work) if lstm_count(art.model) else None
         info = inspect_model(art.model)
         self.notes += _dtype_notes(self.m, info)
         self._infer_kinds(info)
@@ -188,7 +192,10 @@ class ModuleKind(ModelKind):
         return art
 
     def candidates(self, profile: TargetProfile) -> list[str]:
-        return list(profile.precisions) or [profile.precision]
+        precisions = list(profile.precisions) or [profile.precision]
+        if self._unfused is not None and profile.browser_parity:
+            return [p + UNROLLED for p in precisions]  # LiteRT.js loads no fused LSTM (docs/DESIGN.md)
+        return precisions
 
     def prepare(self, profiles: list[TargetProfile], float_model: Artifact, rng: np.random.Generator) -> list[str]:
         warnings = []
@@ -207,9 +214,11 @@ class ModuleKind(ModelKind):
         return warnings
 
     def variant(self, float_model: Artifact, precision: str) -> Artifact:
+        float_model, precision = self._source(float_model, precision)
         return Artifact(model=quantize(float_model.model, precision, self.calib), precision=precision)
 
     def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str]) -> Artifact:
+        float_model, precision = self._source(float_model, precision)
         return Artifact(model=quantize(float_model.model, precision, self.calib, keep_float=scopes),
                         precision=precision)
 
@@ -312,6 +321,20 @@ class ModuleKind(ModelKind):
                             f"its task {t['metric']} is within the bound (drop {t['drop']:.4g} <= {t['max_drop']:g}), "
                             "and with labels the task decides")
         return res["passed"]
+
+    def _source(self, float_model: Artifact, precision: str) -> tuple[Artifact, str]:
+        """The float32 artifact a variant derives from: the fused export, or for a `+unrolled`
+        candidate (web: LiteRT.js 2.5.3 refuses variable tensors, the fused LSTM's state) the
+        model exported as litert-torch lowers it, made once."""
+        if not precision.endswith(UNROLLED):
+            return float_model, precision
+        if self._unrolled is None:
+            module, work = self._unfused
+            self._unrolled = Artifact(model=export_float(dataclasses.replace(self.m, module=module),
+                                                         work / "float_unrolled.tflite"))
+            self.notes.append("web: its artifact keeps the LSTM unrolled over time (litert-torch's lowering, "
+                              "precision +unrolled): LiteRT.js 2.5.3 refuses variable tensors, the fused LSTM's state")
+        return self._unrolled, precision[:-len(UNROLLED)]
 
     def float16_sensitivity(self) -> dict:
         """The model with float16 storage (as phone GPU delegates keep activations) against float32:

@@ -34,7 +34,12 @@ import copy
 import torch
 from torch import nn
 
+from tpu_pipeline.convert.module.gru import FusedGRU
+
 OP_NAME = "tpu_pipeline::lstm_layer"
+# a candidate precision's suffix: the variant derives from the unfused export. LiteRT.js (web) and
+# LiteRT's CompiledModel refuse variable tensors ("Variable tensors not yet supported"), the fused op's state.
+UNROLLED = "+unrolled"
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=())
@@ -155,12 +160,13 @@ class FusedLSTM(nn.Module):
 
 
 def _fusable(m: nn.Module) -> bool:
-    return type(m) is nn.LSTM and m.proj_size == 0
+    return (type(m) is nn.LSTM and m.proj_size == 0) or type(m) is nn.GRU
 
 
 def as_fused(module: nn.Module, sample_args) -> tuple[nn.Module, list[str]]:
-    """-> (the module to export, report notes). The module itself when it has no nn.LSTM, or when
-    the copy with fused LSTMs does not reproduce it on the sample inputs (the note says why)."""
+    """-> (the module to export, report notes). Each nn.LSTM becomes FusedLSTM and each nn.GRU
+    gru.FusedGRU, in a copy; the module itself when it has neither, or when the copy does not
+    reproduce it on the sample inputs (the note says why)."""
     if isinstance(module, torch.fx.GraphModule):
         return module, []  # a traced graph has no nn.LSTM left to swap
     names = [name for name, m in module.named_modules() if _fusable(m)]
@@ -170,25 +176,34 @@ def as_fused(module: nn.Module, sample_args) -> tuple[nn.Module, list[str]]:
     if not names:
         return module, notes
     if names == [""]:
-        return module, notes + ["the model is an nn.LSTM itself (a tuple output with c_n): exported unrolled over "
-                                "time; wrap it in a module that returns what it uses to export it fused"]
+        return module, notes + ["the model is an nn.LSTM/nn.GRU itself (a tuple output with its state): exported "
+                                "unrolled over time; wrap it in a module that returns what it uses to export it fused"]
     new = copy.deepcopy(module)
     for name in names:
         parent, _, leaf = name.rpartition(".")
         holder = new.get_submodule(parent)
-        setattr(holder, leaf, FusedLSTM(getattr(holder, leaf)))
+        old = getattr(holder, leaf)
+        setattr(holder, leaf, FusedLSTM(old) if type(old) is nn.LSTM else FusedGRU(old))
     with torch.no_grad():
         want, got = module(*sample_args), new(*sample_args)
     flat = [(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(want), torch.utils._pytree.tree_leaves(got))
             if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    lstms = [n for n in names if type(module.get_submodule(n)) is nn.LSTM]
+    grus = [n for n in names if n not in lstms]
     fell_back = [n for n in names if new.get_submodule(n).fell_back]
     if not flat or not all(torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(a.abs().max()) + 1e-6) for a, b in flat):
-        return module, notes + [f"nn.LSTM {', '.join(names)} exported unrolled over time (litert-torch's lowering): "
+        return module, notes + [f"nn.LSTM {', '.join(lstms)} exported unrolled over time (litert-torch's lowering): "
                                 "the model reads the cell state c_n, which TFLite's fused LSTM does not output"]
     if fell_back:
-        return module, notes + [f"nn.LSTM {', '.join(fell_back)} exported unrolled over time (litert-torch's "
-                                "lowering): the model passes an initial state (h0, c0), which TFLite's fused LSTM "
-                                "takes only as zeros"]
-    return new, notes + [f"{len(names)} nn.LSTM ({', '.join(names)}) exported as TFLite's fused "
-                         "UNIDIRECTIONAL_SEQUENCE_LSTM, one op per layer and direction (a reverse direction reads "
-                         "the sequence through REVERSE_V2): litert-torch unrolls it over time (its issue #53)"]
+        return module, notes + [f"{', '.join(fell_back)} exported unrolled over time (litert-torch's lowering): the "
+                                "model passes an initial state, which TFLite's fused LSTM takes only as zeros"]
+    if lstms:
+        notes.append(f"{len(lstms)} nn.LSTM ({', '.join(lstms)}) exported as TFLite's fused "
+                     "UNIDIRECTIONAL_SEQUENCE_LSTM, one op per layer and direction (a reverse direction reads "
+                     "the sequence through REVERSE_V2), each followed by a one-step LSTM that zeroes its state "
+                     "for the next invoke: litert-torch unrolls it over time (its issue #53)")
+    if grus:
+        notes.append(f"{len(grus)} nn.GRU ({', '.join(grus)}) exported unrolled with the input projection done once "
+                     "and two FULLY_CONNECTED a step (TFLite has no fused GRU): litert-torch's own unrolling cuts "
+                     "the gates out with SLICE ops")
+    return new, notes
