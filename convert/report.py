@@ -202,9 +202,9 @@ def _task(t: dict | None, where: str = "") -> str:
 
 def _task_parity(p: dict) -> str:
     """The task line(s) of a target, and the numeric verdict it overrode, if any."""
-    lines = [_task(p.get("task")), _task((p.get("browser") or {}).get("task"), " in the browser")]
+    lines = [_task(p.get("task_score")), _task((p.get("browser") or {}).get("task_score"), " in the browser")]
     nv = p.get("numeric_verdict")
-    if nv and p.get("task"):
+    if nv and p.get("task_score"):
         lines.append("numeric parity (reported; with labels the task decides): "
                      + ("pass" if nv["passed"] else "would fail: " + html.escape("; ".join(nv["reasons"][:2]))))
     return "<br>".join(x for x in lines if x)
@@ -253,8 +253,8 @@ def render_html(report: dict) -> str:
     plot = f"<h2>Parity error per target and output</h2><div>{img}</div>" if img else "<p>(no parity figures)</p>"
     skipped = [f"{n}: skipped ({why})" for n, why in report.get("skipped_targets", {}).items()]
     notes = "".join(f"<li>{e(n)}</li>" for n in report.get("notes", []) + report.get("warnings", []) + skipped)
-    if isinstance(report.get("task"), dict):  # a causal LM's report names its task as a string ("causal-lm")
-        tk = report["task"]
+    if report.get("task_score"):  # report["task"] is the model's task ("classification", "causal-lm")
+        tk = report["task_score"]
         notes = (f"<li>task metric {e(tk['metric'])} ({e(tk['chosen'])}) on {tk['rows']} labelled rows from "
                  f"{e(tk['labels_from'])}: PyTorch {tk['torch_score']:.4g}{_ci(tk['torch_interval'])}</li>" + notes)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>convert: {e(report['model'])}</title>

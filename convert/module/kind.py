@@ -308,7 +308,7 @@ class ModuleKind(ModelKind):
         in the report (`numeric_verdict`), since they would refuse artifacts the task accepts (an int8
         pitch tracker reading every pitch right at mean cosine 0.96) and ship ones it refuses."""
         runtime = "TFLM interpreter" if prof.runtime == "tflite-micro" else "ai-edge-litert (XNNPACK)"
-        t = res["task"] = self.task.judge(task_score.stack(task_got, self.ref[0]), prof.max_task_drop, runtime)
+        t = res["task_score"] = self.task.judge(task_score.stack(task_got, self.ref[0]), prof.max_task_drop, runtime)
         res["numeric_verdict"] = {"passed": res["passed"], "reasons": res["reasons"], "decided_by": res["decided_by"]}
         nonfinite = [f"{n}: the artifact outputs NaN/inf on {m['nonfinite_samples']} of {m['samples']} samples"
                      for n, m in outputs.items() if m.get("nonfinite_samples")]
@@ -400,7 +400,7 @@ class ModuleKind(ModelKind):
         passed, reasons = parity.judge(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
         extra = {}
         if self.task is not None and self.samples is self.eval_set.rows:  # the browser ran every labelled row
-            t = extra["task"] = self.task.judge(task_score.stack(got, self.ref[0]), prof.max_task_drop,
+            t = extra["task_score"] = self.task.judge(task_score.stack(got, self.ref[0]), prof.max_task_drop,
                                                 "LiteRT.js in headless Chromium")
             extra["numeric_verdict"] = {"passed": passed, "reasons": reasons}
             passed, reasons = t["passed"], [] if t["passed"] else [t["reason"]]
@@ -440,7 +440,7 @@ class ModuleKind(ModelKind):
                            for n, a in zip(m.input_names, m.sample_args)],
                 "output_names": m.output_names, "samples": len(self.samples), "sample_source": self.sample_source,
                 "output_kinds": {n: {"kind": kind, "source": src} for n, (kind, src) in zip(self.output_names, self.kinds)},
-                **({"task": self._task_fields()} if self.task is not None else {}), "notes": self.notes}
+                **({"task_score": self._task_fields()} if self.task is not None else {}), "notes": self.notes}
 
     def _task_fields(self) -> dict:
         t = self.task

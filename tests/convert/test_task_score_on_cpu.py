@@ -84,16 +84,16 @@ def test_cli_task_scores_decide_on_each_runtime(digits, files, tmp_path, monkeyp
     assert r.exit_code == 0, r.output
     report = json.loads((out / "report.json").read_text())
     n = len(digits.eval_y)
-    assert report["task"]["metric"] == "planted_metric:accuracy" and report["task"]["rows"] == n
+    assert report["task_score"]["metric"] == "planted_metric:accuracy" and report["task_score"]["rows"] == n
     assert report["samples"] == 64  # parity drew 64 rows; the task is scored on all of them
     with torch.no_grad():
         want_torch = trained_models.accuracy(digits.module(torch.from_numpy(digits.eval_x)).numpy(), digits.eval_y)
-    assert report["task"]["torch_score"] == pytest.approx(want_torch, abs=1e-12)
+    assert report["task"] == "classification" and report["task_score"]["torch_score"] == pytest.approx(want_torch, abs=1e-12)
     note = next(x for x in report["notes"] if x.startswith("calibration:"))
     assert f"{SHARED} of {64 + SHARED} rows of --calib" in note
     rows = [[x[None]] for x in digits.eval_x]
     for name, t in report["targets"].items():
-        task = t["parity"]["task"]
+        task = t["parity"]["task_score"]
         art = (out / name / "model.tflite").read_bytes()
         info = inspect_model(art)
         if name == "iot":
@@ -125,7 +125,7 @@ def test_drop_beyond_the_bound_fails_the_target(digits, tmp_path):
     r = convert(digits.module, (digits.example,), targets="iot", out=tmp_path / "o", calibration=rows,
                 eval_data=tmp_path / "eval.npz", latency=False, refine_rounds=0, metric=task_score.accuracy)
     t = r["iot"]
-    task = t.parity["task"]
+    task = t.parity["task_score"]
     assert task["drop"] > task["max_drop"] == 0.01 and not task["passed"]
     assert not t.passed and t.failure == "parity" and r.exit_code == 4
     assert t.errors[0].startswith("task accuracy") and "max_task_drop 0.01" in t.errors[0]

@@ -101,7 +101,7 @@ def _print_table(report: dict) -> None:
                    f"{p.get('max_abs', float('nan')):>9.3g} {top1:>5} "
                    f"{lat.get('artifact') or float('nan'):>7.3f} {lat.get('torch_eager') or float('nan'):>8.3f}")
     for name, t in report["targets"].items():
-        task = (t.get("parity") or {}).get("task")
+        task = (t.get("parity") or {}).get("task_score")
         if task:
             click.echo(f"{name}: {_task_line(task)}")
     for name, t in report["targets"].items():
