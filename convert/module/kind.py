@@ -25,6 +25,7 @@ from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threa
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.global_pool import as_mean
 from tpu_pipeline.convert.module.lstm_reset import lstm_count
+from tpu_pipeline.convert.module.lstm_weights import int8_weights
 from tpu_pipeline.convert.module.recurrent import UNROLLED, as_fused
 from tpu_pipeline.convert.module.accelerators import FLOAT16_CHECK, Pending
 from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs, load_model
@@ -44,6 +45,8 @@ LOCALIZE_SAMPLES = 4  # layer errors are averaged over these parity samples
 FLOAT16_DELEGATES = ("gpu", "coreml")  # delegates that compute activations in float16 on the phone
 FLOAT16_LOSSY = 1e-2  # relative error of a layer's float16 output that counts as losing precision
 LM_ONLY = "applies to Hugging Face causal-LM folders with tokenizer.json only"
+LSTM_INT8_NOTE = ("dynamic_int8: the fused LSTMs' gate weights in int8 (TFLite's hybrid LSTM kernel, "
+                  "module/lstm_weights.py): ai-edge-quantizer 0.10 leaves UNIDIRECTIONAL_SEQUENCE_LSTM float32")
 
 
 @register_kind("module")
@@ -215,7 +218,12 @@ class ModuleKind(ModelKind):
 
     def variant(self, float_model: Artifact, precision: str) -> Artifact:
         float_model, precision = self._source(float_model, precision)
-        return Artifact(model=quantize(float_model.model, precision, self.calib), precision=precision)
+        model = quantize(float_model.model, precision, self.calib)
+        if precision == "dynamic_int8" and lstm_count(model):  # ai-edge-quantizer leaves fused LSTMs float32
+            model = int8_weights(model)
+            if LSTM_INT8_NOTE not in self.notes:
+                self.notes.append(LSTM_INT8_NOTE)
+        return Artifact(model=model, precision=precision)
 
     def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str]) -> Artifact:
         float_model, precision = self._source(float_model, precision)

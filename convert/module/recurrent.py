@@ -30,6 +30,7 @@ dropped.
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 from torch import nn
@@ -168,27 +169,16 @@ def as_fused(module: nn.Module, sample_args) -> tuple[nn.Module, list[str]]:
     gru.FusedGRU, in a copy; the module itself when it has neither, or when the copy does not
     reproduce it on the sample inputs (the note says why)."""
     if isinstance(module, torch.fx.GraphModule):
-        return module, []  # a traced graph has no nn.LSTM left to swap
-    names = [name for name, m in module.named_modules() if _fusable(m)]
-    skipped = [name for name, m in module.named_modules() if type(m) is nn.LSTM and not _fusable(m)]
-    notes = [f"nn.LSTM {n or '(the model)'} has proj_size > 0: exported unrolled over time (litert-torch's "
-             "lowering)" for n in skipped]
-    if not names:
+        new, names, notes = _swap_graph(module)
+    else:
+        new, names, notes = _swap_modules(module)
+    if new is module:
         return module, notes
-    if names == [""]:
-        return module, notes + ["the model is an nn.LSTM/nn.GRU itself (a tuple output with its state): exported "
-                                "unrolled over time; wrap it in a module that returns what it uses to export it fused"]
-    new = copy.deepcopy(module)
-    for name in names:
-        parent, _, leaf = name.rpartition(".")
-        holder = new.get_submodule(parent)
-        old = getattr(holder, leaf)
-        setattr(holder, leaf, FusedLSTM(old) if type(old) is nn.LSTM else FusedGRU(old))
     with torch.no_grad():
         want, got = module(*sample_args), new(*sample_args)
     flat = [(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(want), torch.utils._pytree.tree_leaves(got))
             if isinstance(a, torch.Tensor) and a.is_floating_point()]
-    lstms = [n for n in names if type(module.get_submodule(n)) is nn.LSTM]
+    lstms = [n for n in names if isinstance(new.get_submodule(n), FusedLSTM)]
     grus = [n for n in names if n not in lstms]
     fell_back = [n for n in names if new.get_submodule(n).fell_back]
     if not flat or not all(torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(a.abs().max()) + 1e-6) for a, b in flat):
@@ -207,3 +197,70 @@ def as_fused(module: nn.Module, sample_args) -> tuple[nn.Module, list[str]]:
                      "and two FULLY_CONNECTED a step (TFLite has no fused GRU): litert-torch's own unrolling cuts "
                      "the gates out with SLICE ops")
     return new, notes
+
+
+def _swap_modules(module: nn.Module) -> tuple[nn.Module, list[str], list[str]]:
+    """-> (a copy with each nn.LSTM / nn.GRU swapped, or `module`; the swapped names; notes)."""
+    names = [name for name, m in module.named_modules() if _fusable(m)]
+    skipped = [name for name, m in module.named_modules() if type(m) is nn.LSTM and not _fusable(m)]
+    notes = [f"nn.LSTM {n or '(the model)'} has proj_size > 0: exported unrolled over time (litert-torch's "
+             "lowering)" for n in skipped]
+    if not names:
+        return module, [], notes
+    if names == [""]:
+        return module, [], notes + [
+            "the model is an nn.LSTM/nn.GRU itself (a tuple output with its state): exported unrolled over time; "
+            "wrap it in a module that returns what it uses to export it fused"]
+    new = copy.deepcopy(module)
+    for name in names:
+        parent, _, leaf = name.rpartition(".")
+        holder = new.get_submodule(parent)
+        old = getattr(holder, leaf)
+        setattr(holder, leaf, FusedLSTM(old) if type(old) is nn.LSTM else FusedGRU(old))
+    return new, names, notes
+
+
+class _GraphLSTM(FusedLSTM):
+    """FusedLSTM in an exported graph, in place of aten.lstm.input: a flat (output, h_n, c_n)."""
+
+    def forward(self, x):
+        y, (h, c) = super().forward(x)
+        return y, h, c
+
+
+def _swap_graph(gm: torch.fx.GraphModule) -> tuple[nn.Module, list[str], list[str]]:
+    """An exported program's aten.lstm (a .pt2, torch.export): each one with a zero initial state
+    (aten.zeros) and constant weights becomes a _GraphLSTM submodule, in a copy."""
+    found = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.lstm.input]
+    if not found:
+        return gm, [], []
+    gm = copy.deepcopy(gm)
+    names, notes = [], []
+    for i, n in enumerate(n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.lstm.input):
+        x, hx, params, has_biases, layers, _dropout, _train, bidirectional, batch_first = n.args
+        per = 4 if has_biases else 2
+        if not all(getattr(h, "target", None) is torch.ops.aten.zeros.default for h in hx) \
+                or not all(getattr(p, "op", None) == "get_attr" for p in params) \
+                or len(params) != per * layers * (2 if bidirectional else 1):
+            notes.append(f"aten.lstm {n.name} exported unrolled over time (litert-torch's lowering): its initial "
+                         "state is not zeros, its weights are not constants or it has a projection")
+            continue
+        weights = [functools.reduce(getattr, p.target.split("."), gm) for p in params]
+        lstm = nn.LSTM(weights[0].shape[1], weights[1].shape[1], num_layers=layers, bias=has_biases,
+                       batch_first=batch_first, bidirectional=bidirectional)
+        with torch.no_grad():
+            for w, name in zip(weights, [k for k in lstm._flat_weights_names]):
+                getattr(lstm, name).copy_(w)
+        name = f"fused_lstm_{i}"
+        gm.add_submodule(name, _GraphLSTM(lstm.eval()))
+        with gm.graph.inserting_before(n):
+            call = gm.graph.call_module(name, (x,))
+        call.meta = dict(n.meta)
+        n.replace_all_uses_with(call)
+        gm.graph.erase_node(n)
+        names.append(name)
+    if not names:
+        return found[0].graph.owning_module, [], notes
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm, names, notes

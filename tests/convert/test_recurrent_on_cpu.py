@@ -14,8 +14,9 @@ from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.gru import FusedGRU
 from tpu_pipeline.convert.module.loaders import load_object
 from tpu_pipeline.convert.module.lstm_reset import lstm_count
+from tpu_pipeline.convert.module.lstm_weights import int8_weights
 from tpu_pipeline.convert.module.recurrent import FusedLSTM, as_fused
-from tpu_pipeline.convert.runtimes import run_micro
+from tpu_pipeline.convert.runtimes import LitertRunner, run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.testing.recurrent_models import SequenceEncoder, sequence_task, trained
 
@@ -128,9 +129,29 @@ def test_every_invoke_starts_from_zero_state_on_litert_and_tflm(speaker_like):
         np.testing.assert_allclose(g[0], w, rtol=1e-4, atol=1e-5)
 
 
-def test_op_count_does_not_grow_with_the_sequence(speaker_like, tmp_path):
+def test_dynamic_int8_runs_the_hybrid_lstm_kernel(speaker_like):
+    # ai-edge-quantizer leaves the fused op float32; int8_weights makes its 8 gate weights int8
     net, model = speaker_like
-    assert _ops(_export(net, torch.randn(1, 4 * T, F), tmp_path / "long.tflite")) == _ops(model)
+    hybrid = int8_weights(model)
+    info = inspect_model(hybrid)
+    types = {t["index"]: t["dtype"] for t in Interpreter(model_content=hybrid).get_tensor_details()}
+    lstm = [o for o in info.ops if o["op"] == "UNIDIRECTIONAL_SEQUENCE_LSTM"]
+    assert all(types[i] == np.int8 for o in lstm for i in o["inputs"][1:9]) and len(hybrid) < len(model)
+    xs, _ = sequence_task(4, T, F, seed=5)
+    runner = LitertRunner(hybrid, info)
+    for x in xs:
+        with torch.no_grad():
+            want = net(x[None]).numpy().ravel()
+        got = runner.run([x[None].numpy()])[0].ravel()
+        assert np.dot(got, want) / np.linalg.norm(got) / np.linalg.norm(want) > 0.999
+
+
+def test_op_count_does_not_grow_with_the_sequence_and_programs_fuse_too(speaker_like, tmp_path):
+    # 4x the time steps, through a torch.export program (a .pt2's graph: aten.lstm, not nn.LSTM)
+    net, model = speaker_like
+    x = torch.randn(1, 4 * T, F)
+    program = torch.export.export(net, (x,)).module()
+    assert _ops(_export(program, x, tmp_path / "long.tflite")) == _ops(model)
 
 
 @pytest.mark.slow
