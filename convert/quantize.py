@@ -18,6 +18,7 @@ from ai_edge_quantizer import quantizer, recipe
 from tpu_pipeline.convert.int8_ranges import observed_ranges
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.convert.tflite_rewrites import inline_buffers, lookups_as_gather
+from tpu_pipeline.convert.tflm_int8 import for_tflm
 from tpu_pipeline.convert.tool_output import first_line, quiet_native
 from tpu_pipeline.errors import ConversionError
 
@@ -68,8 +69,11 @@ def quantize(float_model: bytes, precision: str, calibration: list[dict[str, np.
             model = bytes(q.quantize(result, enable_progress_report=False).quantized_model)
     except Exception as e:  # noqa: BLE001
         raise ConversionError(f"ai-edge-quantizer could not make the {precision} variant: {type(e).__name__}: {first_line(e)}") from None
-    # full-integer is the TFLM variant, and TFLM reads no external buffers (written from 256 KiB of weights)
-    return inline_buffers(model) if precision == "static_int8" else model
+    if precision != "static_int8":
+        return model
+    # full-integer is the TFLM variant, and TFLM reads no external buffers (written from 256 KiB of
+    # weights) nor runs int8 REDUCE_MAX/GELU/SQRT/ABS as the quantizer writes them (tflm_int8.py)
+    return for_tflm(inline_buffers(model))
 
 
 def _widen_to_min_max(qsvs: dict, float_model: bytes, calibration: list[dict[str, np.ndarray]]) -> dict:

@@ -24,6 +24,7 @@ from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.global_pool import as_mean
+from tpu_pipeline.convert.module.max_pool import as_amax
 from tpu_pipeline.convert.module.lstm_reset import lstm_count
 from tpu_pipeline.convert.module.lstm_weights import int8_weights
 from tpu_pipeline.convert.module.recurrent import UNROLLED, as_fused
@@ -31,6 +32,7 @@ from tpu_pipeline.convert.module.accelerators import FLOAT16_CHECK, Pending
 from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs, load_model
 from tpu_pipeline.convert.options import DEFAULT_SAMPLES, ConvertOptions
 from tpu_pipeline.convert.quantize import quantize
+from tpu_pipeline.convert import tflm_int8
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
 from tpu_pipeline.convert.runtimes import LitertRunner, from_artifact, run_micro, to_artifact
 from tpu_pipeline.convert.targets import TargetProfile
@@ -178,6 +180,8 @@ class ModuleKind(ModelKind):
     def export_float(self, work: Path, say: Progress) -> Artifact:
         say("export: torch -> float32 .tflite (litert-torch, traced once)")
         module, notes = as_mean(self.m.module, self.m.sample_args)
+        module, maxed = as_amax(module)  # adaptive max pools to 1 as amax (litert-torch cannot lower them)
+        notes += maxed
         unfused, (module, fused) = module, as_fused(module, self.m.sample_args)  # nn.LSTM as TFLite's fused op
         notes += fused
         self.notes += notes
@@ -223,12 +227,17 @@ class ModuleKind(ModelKind):
             model = int8_weights(model)
             if LSTM_INT8_NOTE not in self.notes:
                 self.notes.append(LSTM_INT8_NOTE)
-        return Artifact(model=model, precision=precision)
+        return self._noted(Artifact(model=model, precision=precision))
 
     def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str]) -> Artifact:
         float_model, precision = self._source(float_model, precision)
-        return Artifact(model=quantize(float_model.model, precision, self.calib, keep_float=scopes),
-                        precision=precision)
+        return self._noted(Artifact(model=quantize(float_model.model, precision, self.calib, keep_float=scopes),
+                                    precision=precision))
+
+    def _noted(self, art: Artifact) -> Artifact:
+        # what quantize rewrote for TFLM is named in the report (the artifact's metadata says it)
+        self.notes += [n for n in tflm_int8.notes(art.model) if n not in self.notes]
+        return art
 
     def parity(self, prof: TargetProfile, art: Artifact, info: ModelInfo, o: ConvertOptions, work: Path,
                say: Progress) -> Parity:

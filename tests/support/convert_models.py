@@ -47,19 +47,21 @@ class Unconvertible(nn.Module):
 
 
 class TextCNN(nn.Module):
-    """Token ids (int64) -> nn.Embedding -> Conv1d -> ReLU -> mean over time -> Linear: the
-    text classifier the iot target must take full-integer (embedding as int8 GATHER)."""
+    """Token ids (int64) -> nn.Embedding -> Conv1d -> ReLU -> mean (or max: pool="max") over time
+    -> Linear: the text classifier the iot target must take full-integer (embedding as int8 GATHER,
+    max over time as int8 REDUCE_MAX: convert/tflm_int8.py)."""
 
-    def __init__(self, vocab: int = 2000, dim: int = 48, seq: int = 32, channels: int = 64, classes: int = 5):
+    def __init__(self, vocab: int = 2000, dim: int = 48, seq: int = 32, channels: int = 64, classes: int = 5,
+                 pool: str = "mean"):
         super().__init__()
-        self.vocab, self.seq = vocab, seq
+        self.vocab, self.seq, self.pool = vocab, seq, pool
         self.embed = nn.Embedding(vocab, dim)  # rows N(0, 1): what a trained table's scale looks like
         self.conv = nn.Conv1d(dim, channels, 3, padding=1)
         self.head = nn.Linear(channels, classes)
 
     def forward(self, ids):
         x = torch.relu(self.conv(self.embed(ids).transpose(1, 2)))
-        return self.head(x.mean(dim=2))
+        return self.head(x.amax(dim=2) if self.pool == "max" else x.mean(dim=2))
 
     def example_inputs(self):
         return (torch.randint(0, self.vocab, (1, self.seq), dtype=torch.int64),)

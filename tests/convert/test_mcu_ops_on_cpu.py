@@ -1,0 +1,184 @@
+"""The ops microcontroller models use, full-integer on the real TFLM interpreter
+(convert/tflm_int8.py): REDUCE_MAX (amax, torch.max(...).values, max pooling over
+time), GELU (erf and tanh forms), SQRT, ABS, RSQRT and LayerNorm's pattern.
+One-op models check the numbers against PyTorch at the int8 codes TFLM was fed;
+two conversions check the standard text CNN with max-over-time pooling and a
+block using all of them pass iot with the rewrites named in the notes."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import tpu_pipeline.convert as tc
+from tpu_pipeline.convert import tflm_int8
+from tpu_pipeline.convert.module.export import export_float
+from tpu_pipeline.convert.module.loaders import load_object
+from tpu_pipeline.convert.module.max_pool import as_amax
+from tpu_pipeline.convert.quantize import quantize
+from tpu_pipeline.convert.runtimes import run_micro
+from tpu_pipeline.convert.tflite_info import inspect_model
+from tpu_pipeline.testing.convert_models import TextCNN
+
+pytestmark = pytest.mark.slow
+
+
+# name -> (function of the model input, output LSBs allowed against PyTorch at the codes TFLM saw,
+# least cosine):
+# the table ops and REDUCE_MAX are the int8 rounding of the exact value (1 LSB); chains (an int8
+# intermediate first) add that intermediate's rounding through the op's slope
+CASES = {
+    "amax": (lambda x: x.amax(dim=-1), 1, 0.9999),                   # measured: 0.5 LSB
+    "max_values": (lambda x: torch.max(x, dim=1).values, 1, 0.9999),
+    "adaptive_max_pool": (nn.AdaptiveMaxPool1d(1), 1, 0.9999),
+    "gelu_erf": (nn.GELU(), 1, 0.9999),                               # 0.5 LSB: the table is exact
+    "gelu_tanh": (nn.GELU(approximate="tanh"), 1, 0.9999),
+    "sqrt_abs": (lambda x: torch.sqrt(x.abs()), 3, 0.9999),          # 1.7 LSB: ABS's int8 output first
+    "rsqrt": (lambda x: torch.rsqrt(x * x + 0.5), 20, 0.999),        # 16 LSB: x*x int8 first (step ~0.14),
+                                                                      # rsqrt steep at 0.5 (cosine 0.9998)
+    # the quantizer's own int8 pattern (MEAN, SQUARED_DIFFERENCE, MEAN, ADD, RSQRT, MUL...) as TFLM runs
+    # it: 44 LSB worst, 1.7 mean, cosine 0.9972 on 8 x 16 rows of N(0, 4): runs, but the weakest here
+    "layer_norm": (nn.LayerNorm(16), 50, 0.995),
+}
+SHAPE = (1, 8, 16)
+# what tflm_int8 does to the model below (litert-torch shares one REDUCE_MAX between amax(-1) and the pool)
+REWRITES = {"REDUCE_MAX": 2, "GELU": 2, "ABS": 1, "SQRT": 1}
+
+
+class _Ops(nn.Module):
+    """Every case on the model input, one output each: one export and one quantization for all."""
+
+    def __init__(self):
+        super().__init__()
+        self.fs = nn.ModuleList([f if isinstance(f, nn.Module) else _Fn(f) for f, *_ in CASES.values()])
+
+    def forward(self, x):
+        return tuple(f(x) for f in self.fs)
+
+
+class _Fn(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def forward(self, x):
+        return self.f(x)
+
+
+@pytest.fixture(scope="module")
+def ops_model():
+    """The cases exported and quantized once (static int8, as the iot target does)."""
+    torch.manual_seed(0)
+    m = _Ops().eval()
+    norm = m.fs[list(CASES).index("layer_norm")]
+    with torch.no_grad():  # trained-like gains and shifts, not the (1, 0) they start at
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    m, notes = as_amax(m)  # what the module kind does first (litert-torch has no adaptive max pool)
+    assert len(notes) == 1
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as d:
+        fl = export_float(load_object(m, (torch.randn(SHAPE),)), Path(d) / "ops.tflite")
+    key = inspect_model(fl).inputs[0].key
+    cal = [{key: rng.standard_normal(SHAPE).astype(np.float32) * 2} for _ in range(32)]
+    return m, fl, quantize(fl, "static_int8", cal)
+
+
+def test_the_float_model_has_the_ops_tflm_lacks_in_int8(ops_model):
+    _, fl, _ = ops_model
+    ops = [o["op"] for o in inspect_model(fl).ops]
+    assert ops.count("REDUCE_MAX") == 2 and ops.count("GELU") == 2 and {"SQRT", "ABS", "RSQRT"} <= set(ops)
+
+
+def test_ops_run_int8_on_tflm_as_pytorch_computes_them(ops_model):
+    m, _, model = ops_model
+    info = inspect_model(model)
+    ops = [o["op"] for o in info.ops]
+    assert not set(ops) & {"DEQUANTIZE", "GELU", "SQRT", "ABS"}, ops
+    assert ops.count("REDUCE_MAX") == 2 and ops.count("GATHER") == 4 and "RSQRT" in ops
+    assert {t["dtype"] for t in info.tensors.values()} <= {"int8", "int32"}
+    assert tflm_int8.rewrites(model) == REWRITES
+    (inp,) = info.inputs
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(SHAPE).astype(np.float32) * 2 for _ in range(8)]
+    runs = run_micro(model, info, [[x] for x in xs], 1 << 20)
+    # PyTorch at the values TFLM saw: the input's int8 codes dequantized
+    seen = [torch.tensor((np.clip(np.round(x / inp.scale) + inp.zero_point, -128, 127) - inp.zero_point) * inp.scale,
+                         dtype=torch.float32) for x in xs]
+    with torch.no_grad():
+        refs = [m(s) for s in seen]
+    for k, (name, (_, lsb, min_cos)) in enumerate(CASES.items()):
+        out = info.outputs[k]
+        got = np.stack([np.asarray(r[k]).reshape(out.shape) for r in runs])
+        # within the output's int8 range: saturation is the calibrated range's doing, not the op's
+        ref = np.clip(np.stack([r[k].numpy().reshape(out.shape) for r in refs]),
+                      (-128 - out.zero_point) * out.scale, (127 - out.zero_point) * out.scale)
+        err = float(np.abs(got - ref).max())
+        cos = float((got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref))
+        assert err <= lsb * out.scale * 1.01 + 1e-6, (name, err / out.scale)
+        assert cos > min_cos, (name, cos)
+
+
+def test_rewrites_are_named_and_leave_other_models_alone(ops_model):
+    _, _, model = ops_model
+    notes = tflm_int8.notes(model)
+    assert len(notes) == 4 and any("2 GELU as an int8 table" in n for n in notes)
+    again = tflm_int8.for_tflm(model)  # nothing left to rewrite: the same bytes
+    assert again == model
+
+
+class McuBlock(nn.Module):
+    """A keyword-spotting-like block using every op above: Conv1d features, LayerNorm,
+    GELU, an RMS (SQRT of a mean square), max over time, a Linear head."""
+
+    def __init__(self, ch: int = 32, classes: int = 6):
+        super().__init__()
+        self.conv = nn.Conv1d(10, ch, 3, padding=1)
+        self.norm = nn.LayerNorm(ch)
+        self.act = nn.GELU()
+        self.head = nn.Linear(ch + 1, classes)
+
+    def forward(self, x):                                            # x: N x 10 coefficients x 49 frames
+        h = self.act(self.norm(self.conv(x).transpose(1, 2)))        # N x 49 x ch
+        rms = torch.sqrt(h.pow(2).mean(dim=(1, 2)) + 1e-3)[:, None]  # N x 1
+        return self.head(torch.cat([h.amax(dim=1), rms], dim=1))
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    out = {}
+    torch.manual_seed(0)
+    block = McuBlock().eval()
+    with torch.no_grad():
+        block.norm.weight.uniform_(0.5, 1.5)
+        block.norm.bias.uniform_(-0.5, 0.5)
+    calib = [(torch.randn(1, 10, 49),) for _ in range(128)]
+    out["block"] = tc.convert(block, calib[0], targets="iot", out=tmp_path_factory.mktemp("block") / "d",
+                              calibration=calib, samples=64, latency=False)
+    torch.manual_seed(0)
+    text = TextCNN(vocab=2000, pool="max").eval()
+    out["text"] = tc.convert(text, text.example_inputs(), targets="iot", out=tmp_path_factory.mktemp("text") / "d",
+                             samples=16, latency=False)
+    return out
+
+
+@pytest.mark.parametrize("which,rewritten", [("text", {"REDUCE_MAX": 1}),
+                                             ("block", {"REDUCE_MAX": 1, "GELU": 1, "SQRT": 1})])
+def test_model_passes_iot_with_the_rewrites_named(converted, which, rewritten):
+    result = converted[which]
+    t = result["iot"]
+    assert result.passed, t.reasons
+    assert t.metrics["runtime"] == "tflite-micro" and t.metrics["cosine_mean"] >= 0.98
+    model = Path(t.artifact_path).read_bytes()
+    info = inspect_model(model)
+    assert {tt["dtype"] for tt in info.tensors.values()} <= {"int8", "int32"}
+    assert "REDUCE_MAX" in {o["op"] for o in info.ops}
+    assert tflm_int8.rewrites(model) == rewritten
+    notes = result.report["notes"] if "notes" in result.report else []
+    for op in rewritten:
+        assert any(f"{op} " in n and "tflm_int8" in n for n in notes + t.warnings), (op, notes)
