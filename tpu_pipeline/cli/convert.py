@@ -29,8 +29,9 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
                    ".npy/.npz each, labels in labels.csv: file_name,label). With labels each target is judged by its "
                    "task score (LM folders: use --prompts).")
 @click.option("--metric", default=None, metavar="MODULE:FUNCTION",
-              help="Task metric(outputs, labels) -> float, higher is better [default with labels: accuracy for class "
-                   "outputs, R^2 for regression].")
+              help="Task metric(outputs, labels) -> float, higher is better (a function attribute higher_is_better = "
+                   "False flips it), imported from sys.path or the current folder [default with labels: accuracy for "
+                   "class outputs, R^2 for regression]. Each profile's max_task_drop bounds the drop.")
 @click.option("--samples", default=None, type=int,
               help="Parity rows per target [default: all of --eval-data, else 64 drawn; LMs: 8 prompts].")
 @click.option("--output-kind", "output_kinds", multiple=True, metavar="NAME=KIND",
