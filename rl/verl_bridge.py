@@ -292,6 +292,9 @@ def cpu_overrides(cfg: RLConfig, ov: list[str], *, out: Path, ray_tmp: str | Non
         ("actor_rollout_ref.rollout.free_cache_engine", "False"),
         ("actor_rollout_ref.rollout.gpu_memory_utilization", 0.1),  # of host memory: 0.5 exceeds what is free
         ("actor_rollout_ref.rollout.enforce_eager", "True"),       # no CUDA graphs; skips torch.compile start-up
+        # vLLM's worker inside its EngineCore process, not a third process that imports vLLM again (VeRL
+        # passes "mp"; engine_kwargs come after it). tensor_model_parallel_size is 1 here
+        ("+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend", "uni"),
         ("+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls",
          "tpu_pipeline.rl.verl_cpu_vllm.CpuWorkerExtension"),      # vLLM-CPU weight sync (wrapper 3)
         ("actor_rollout_ref.rollout.agent.num_workers", 1),        # 8 agent/reward workers cost ~540 MB each
@@ -300,6 +303,7 @@ def cpu_overrides(cfg: RLConfig, ov: list[str], *, out: Path, ray_tmp: str | Non
         ("transfer_queue.backend.SimpleStorage.num_data_storage_units", 1),  # 8 units hang start-up on 2 cores
         ("ray_kwargs.ray_init.num_cpus", max(8, os.cpu_count() or 1)),  # Ray actors reserve CPUs: above the cores
         ("+ray_kwargs.ray_init.num_gpus", n),                      # fake GPUs: VeRL's pools count GPUs only
+        ("+ray_kwargs.ray_init.include_dashboard", "False"),        # its head and agent processes serve no one here
         ("trainer.val_before_train", "False"),                     # held-out accuracy is this package's evaluator
         ("trainer.test_freq", -1),
         ("trainer.logger", "[console,file]"),
@@ -313,6 +317,12 @@ def cpu_overrides(cfg: RLConfig, ov: list[str], *, out: Path, ray_tmp: str | Non
         # for a cluster (--ray-address) the workers do not inherit this process's environment
         _set(ov, f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}", v)
     return ov
+
+
+# The local Ray cluster a CPU run starts (the raylet reads these from the environment it inherits): no
+# idle Python workers prestarted (Ray starts one per num_cpus, 8 here, each importing Ray on the 2 cores
+# while VeRL's own actors start), no usage-stats reporting.
+LOCAL_RAY_ENV = {"RAY_enable_worker_prestart": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 # What the local engine feeds a policy whose tokenizer has no chat template (Problem.prompt_text:
@@ -361,7 +371,7 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
         env["VERL_PLATFORM"] = "tpu"
     if device == "cpu":
         env.update(CPU_ENV, VERL_FILE_LOGGER_PATH=str((out / "verl" / "metrics.jsonl").resolve()),
-                   PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")
+                   PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0", **LOCAL_RAY_ENV)
         env.pop("CUDA_VISIBLE_DEVICES", None)
     if ray_address:
         env["RAY_ADDRESS"] = ray_address

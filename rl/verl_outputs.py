@@ -28,6 +28,7 @@ from tpu_pipeline.rl.policy import load_policy
 from tpu_pipeline.rl.recipe import RLConfig
 from tpu_pipeline.rl.rewards import GuardedReward, load_reward
 from tpu_pipeline.rl.task_eval import write_record
+from tpu_pipeline.rl.verl_startup import phases
 
 # local row key <- VeRL metric key (verl/trainer/ppo/metric_utils.py, ray_trainer.py)
 VERL_KEYS = {
@@ -152,6 +153,7 @@ def finish(cfg: RLConfig, out: Path, result: dict, *, policy_path: Path, checkpo
         "wall_seconds": round(time.time() - started, 2), "checkpoint": str(checkpoint),
         "warm_start": {"path": str(policy_path)}, "recipe": cfg.name, "device": result["device"],
         "command": result["command"], "leftover_processes": result["leftover_processes"],
+        "startup_phases": phases(Path(result["log"])),
     }
     atomic_write_json(out / "eval.json", evals)
     try:
