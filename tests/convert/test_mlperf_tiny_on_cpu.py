@@ -1,0 +1,81 @@
+"""MLPerf Tiny's reference models (tpu_pipeline.testing.mlperf_tiny) on the
+iot target: full-integer int8 in and out, parity on the real TFLM interpreter,
+the arena TFLM allocated and the flash (artifact bytes) within the profile, and
+the artifact's accuracy on the synthetic task beside PyTorch's. One conversion
+per model (iot only), shared by the asserts.
+
+Visual wake words (MobileNetV1 0.25, 96 x 96) is not converted here: with these
+trained-like statistics its int8 artifact fails iot parity (cosine 0.92, top-1
+0.84 on 64 rows; LiteRT's int8 kernels give the same flips as TFLM, so it is the
+quantized model's error, not TFLM's). Open: bench/mlperf_tiny.py measures it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tpu_pipeline.convert as tc
+from tpu_pipeline.convert.runtimes import run_micro
+from tpu_pipeline.convert.targets import load_profiles
+from tpu_pipeline.convert.tflite_info import inspect_model
+from tpu_pipeline.testing import mlperf_tiny
+
+pytestmark = pytest.mark.slow
+
+# Keras model.summary() totals of the mlcommons/tiny reference definitions, as we know them:
+# the rebuilt architectures must count the same parameters
+REFERENCE_PARAMS = {"kws": 24_908, "ad": 269_992, "ic": 78_666}
+CONVERTED = ("kws", "ad", "ic")  # vww: see the module docstring
+
+
+def test_architectures_count_the_reference_parameters():
+    for name, n in REFERENCE_PARAMS.items():
+        assert mlperf_tiny.param_count(mlperf_tiny.SPECS[name].build()) == n, name
+
+
+@pytest.fixture(scope="module", params=CONVERTED)
+def converted(request, tmp_path_factory):
+    name = request.param
+    built = mlperf_tiny.build(name)
+    out = tmp_path_factory.mktemp(name)
+    result = tc.convert(built.module, built.sample_args, targets="iot", out=out / "d", calibration=built.calib,
+                        samples=64, latency=False)
+    return name, built, result, out / "d" / "iot"
+
+
+def test_passes_iot_full_integer_on_tflm(converted):
+    name, built, result, folder = converted
+    t = result["iot"]
+    assert result.passed, (name, t.reasons)
+    assert t.precision == "static_int8" and t.metrics["runtime"] == "tflite-micro"
+    bounds = load_profiles().get("iot")
+    assert t.metrics["cosine_mean"] >= bounds.min_cosine, (name, t.metrics)
+    model = (folder / "model.tflite").read_bytes()
+    info = inspect_model(model)
+    (inp,), (out,) = info.inputs, info.outputs
+    assert inp.dtype == "int8" and out.dtype == "int8" and inp.scale > 0 and out.scale > 0
+    assert {tt["dtype"] for tt in info.tensors.values()} <= {"int8", "int32"}
+    arena = (folder / "model_data.h").read_text()
+    used = int(arena.split("arena_used_bytes = ")[1].split(";")[0])
+    assert 0 < used < bounds.max_arena_bytes and len(model) < bounds.max_size_bytes
+    # int8 weights: the flash is about a byte per parameter (and never the float32 four)
+    params = mlperf_tiny.param_count(built.module)
+    assert 0.8 * params < len(model) < 2 * params + 40_000, (name, len(model), params)
+
+
+def test_artifact_accuracy_beside_pytorch(converted):
+    name, built, result, folder = converted
+    model = (folder / "model.tflite").read_bytes()
+    info = inspect_model(model)
+    rows = [[built.eval_x[i:i + 1].numpy()] for i in range(len(built.eval_x))]
+    got = np.concatenate([r[0] for r in run_micro(model, info, rows, 1 << 20)])
+    with torch.no_grad():
+        ref = built.module(built.eval_x).numpy()
+    got = got.reshape(ref.shape)
+    cos = float((got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref))
+    assert cos > 0.98, (name, cos)
+    acc_ref, acc = mlperf_tiny.accuracy(name, ref, built.eval_y), mlperf_tiny.accuracy(name, got, built.eval_y)
+    if acc_ref is not None:
+        assert acc_ref > 2 / built.spec.classes  # the planted classes are learnt: twice chance at least
+        assert abs(acc - acc_ref) <= 0.05, (name, acc, acc_ref)  # at most 3 of 64 rows change class
