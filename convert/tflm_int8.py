@@ -227,6 +227,11 @@ METADATA = "tpu_pipeline.tflm_int8"  # the model's metadata entry: JSON {op: cou
 
 def for_tflm(model: bytes) -> bytes:
     """Both rewrites, with what they changed recorded in the model's metadata (`notes` reads it)."""
+    root = schema.Model.GetRootAs(model, 0)
+    codes = {max(root.OperatorCodes(i).BuiltinCode(), root.OperatorCodes(i).DeprecatedBuiltinCode())
+             for i in range(root.OperatorCodesLength())}
+    if not codes & set(NAMES):  # most models: nothing to do, and no object-API parse of the whole file
+        return model
     model, n_max = reduce_max_in_int8(model)
     model, tabled = elementwise_as_table(model)
     done = {**({"REDUCE_MAX": n_max} if n_max else {}), **tabled}
