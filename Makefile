@@ -71,8 +71,11 @@ demo: install
 lint: $(STAMP)
 	$(BIN)/python -m tpu_pipeline.testing.layers
 
+# Two workers, whole files each (--dist loadfile): most tests wait on a child process (TFLM,
+# Chromium, the GPU worker, VeRL's Ray cluster) or run single-threaded export code, so two
+# overlap on the two cores; the slowest tests are listed at the end (--durations).
 test: install lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile --durations=25
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) dist build *.egg-info $(WEB)/node_modules

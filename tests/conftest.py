@@ -10,8 +10,16 @@ import pytest
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 
+# Files that run for minutes (real VeRL launches): collected first, so that with `make test`'s two
+# workers (pytest-xdist, whole files per worker) one worker runs them while the other runs the rest,
+# instead of them starting last and running alone.
+LONG_FILES = ("tests/rl/test_verl_launch_on_cpu.py",)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
+
+    items.sort(key=lambda item: not item.nodeid.startswith(LONG_FILES))  # stable: the rest keep their order
 
     has_cuda = torch.cuda.is_available()
     has_tpu = hasattr(torch, "tpu") and torch.tpu.is_available()
