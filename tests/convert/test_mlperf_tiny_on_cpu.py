@@ -2,12 +2,11 @@
 iot target: full-integer int8 in and out, parity on the real TFLM interpreter,
 the arena TFLM allocated and the flash (artifact bytes) within the profile, and
 the artifact's accuracy on the synthetic task beside PyTorch's. One conversion
-per model (iot only), shared by the asserts.
+per model (iot only, 160 calibration rows, 64 parity rows), asserted on in one test.
 
-Visual wake words (MobileNetV1 0.25, 96 x 96) is not converted here: with these
-trained-like statistics its int8 artifact fails iot parity (cosine 0.92, top-1
-0.84 on 64 rows; LiteRT's int8 kernels give the same flips as TFLM, so it is the
-quantized model's error, not TFLM's). Open: bench/mlperf_tiny.py measures it."""
+Visual wake words (MobileNetV1 0.25, 96 x 96) is trained for 40 steps (see
+mlperf_tiny._train): with only measured statistics and a ridge head its float
+model was ill-conditioned and its int8 artifact failed parity (cosine 0.92)."""
 
 from __future__ import annotations
 
@@ -26,7 +25,9 @@ pytestmark = pytest.mark.slow
 # Keras model.summary() totals of the mlcommons/tiny reference definitions, as we know them:
 # the rebuilt architectures must count the same parameters
 REFERENCE_PARAMS = {"kws": 24_908, "ad": 269_992, "ic": 78_666}
-CONVERTED = ("kws", "ad", "ic")  # vww: see the module docstring
+# measured: 32 calibration rows fail kws (its softmax output's int8 range, seen on too few rows, clips
+# the confident rows: 4 flips of 32); the build's 160 pass all four
+CALIB_ROWS = 160
 
 
 def test_architectures_count_the_reference_parameters():
@@ -34,18 +35,12 @@ def test_architectures_count_the_reference_parameters():
         assert mlperf_tiny.param_count(mlperf_tiny.SPECS[name].build()) == n, name
 
 
-@pytest.fixture(scope="module", params=CONVERTED)
-def converted(request, tmp_path_factory):
-    name = request.param
-    built = mlperf_tiny.build(name)
-    out = tmp_path_factory.mktemp(name)
-    result = tc.convert(built.module, built.sample_args, targets="iot", out=out / "d", calibration=built.calib,
+@pytest.mark.parametrize("name", mlperf_tiny.NAMES)
+def test_passes_iot_full_integer_on_tflm_with_the_accuracy_of_pytorch(name, tmp_path):
+    built = mlperf_tiny.build(name, calib_rows=CALIB_ROWS)
+    result = tc.convert(built.module, built.sample_args, targets="iot", out=tmp_path / "d", calibration=built.calib,
                         samples=64, latency=False)
-    return name, built, result, out / "d" / "iot"
-
-
-def test_passes_iot_full_integer_on_tflm(converted):
-    name, built, result, folder = converted
+    folder = tmp_path / "d" / "iot"
     t = result["iot"]
     assert result.passed, (name, t.reasons)
     assert t.precision == "static_int8" and t.metrics["runtime"] == "tflite-micro"
@@ -62,12 +57,7 @@ def test_passes_iot_full_integer_on_tflm(converted):
     # int8 weights: the flash is about a byte per parameter (and never the float32 four)
     params = mlperf_tiny.param_count(built.module)
     assert 0.8 * params < len(model) < 2 * params + 40_000, (name, len(model), params)
-
-
-def test_artifact_accuracy_beside_pytorch(converted):
-    name, built, result, folder = converted
-    model = (folder / "model.tflite").read_bytes()
-    info = inspect_model(model)
+    # the artifact's accuracy on held-out rows, on TFLM, beside PyTorch's
     rows = [[built.eval_x[i:i + 1].numpy()] for i in range(len(built.eval_x))]
     got = np.concatenate([r[0] for r in run_micro(model, info, rows, 1 << 20)])
     with torch.no_grad():
@@ -77,5 +67,7 @@ def test_artifact_accuracy_beside_pytorch(converted):
     assert cos > 0.98, (name, cos)
     acc_ref, acc = mlperf_tiny.accuracy(name, ref, built.eval_y), mlperf_tiny.accuracy(name, got, built.eval_y)
     if acc_ref is not None:
-        assert acc_ref > 2 / built.spec.classes  # the planted classes are learnt: twice chance at least
-        assert abs(acc - acc_ref) <= 0.05, (name, acc, acc_ref)  # at most 3 of 64 rows change class
+        # the planted classes are learnt: twice chance at least (vww's 2 classes: 0.75)
+        assert acc_ref > min(2 / built.spec.classes, 0.75), (name, acc_ref)
+        assert abs(acc - acc_ref) <= 0.05, (name, acc, acc_ref)
+        print(name, "accuracy", acc_ref, acc, "cosine", cos)  # at most 3 of 64 rows change class
