@@ -15,10 +15,12 @@ died; the log's path and the last good checkpoint go with it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -133,6 +135,30 @@ def stop_all(marker: str, *, grace_s: float = 10.0) -> list[int]:
     return survivors(marker)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached the supervising process (a scheduler, `timeout`, a closed terminal)."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """While a launch runs, SIGTERM and SIGHUP raise Terminated, so the cluster is stopped on the way
+    out as for Ctrl-C: the trainer runs in its own session, and a terminated supervisor that died
+    without stopping it left Ray and vLLM running (found by SIGTERM on `rl --engine verl`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def raise_terminated(signum, _frame):
+        raise Terminated(f"signal {signal.Signals(signum).name}")
+
+    old = {sig: signal.signal(sig, raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 def supervise(cmd: list[str], env: dict[str, str], log_path: Path, *, cwd: Path | None = None,
               on_poll: Callable[[], None] = lambda: None, timeout_s: float | None = None,
               stop_when: Callable[[], str | None] = lambda: None) -> Outcome:
@@ -143,7 +169,7 @@ def supervise(cmd: list[str], env: dict[str, str], log_path: Path, *, cwd: Path 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     stopped = None
-    with open(log_path, "wb") as logf:
+    with open(log_path, "wb") as logf, _terminate_as_interrupt():
         proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=cwd, start_new_session=True)
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -64,6 +65,31 @@ def test_supervisor_stops_every_process_it_started(tmp_path, mode):
     assert out.survivors == []
     assert not any(_alive(p) for p in pids)  # the one in its own session too: found by the marker
     assert (out.returncode == 3) if mode == "exit" else out.returncode != 0
+
+
+def test_sigterm_to_the_supervisor_stops_every_process_it_started(tmp_path):
+    # a scheduler's or `timeout`'s SIGTERM: the trainer runs in its own session, so the supervisor
+    # must stop it on the way out, as for Ctrl-C
+    log = tmp_path / "log.txt"
+    driver = textwrap.dedent(f"""
+        import sys
+        from tpu_pipeline.rl.verl_launch import supervise
+        try:
+            supervise([sys.executable, "-c", {SPAWN!r}, "hang"], {{}}, __import__("pathlib").Path({str(log)!r}))
+        except KeyboardInterrupt as e:
+            print("interrupted:", e, flush=True)
+            sys.exit(130)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PATH": os.environ.get("PATH", "")})
+    deadline = time.monotonic() + 60
+    while not (log.is_file() and len(log.read_text().split()) >= 2) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pids = [int(x) for x in log.read_text().split()[:2]]
+    proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted: signal SIGTERM" in out
+    assert not any(_alive(p) for p in pids)
 
 
 def test_interrupt_stops_the_cluster_and_reraises(tmp_path):

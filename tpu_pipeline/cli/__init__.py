@@ -35,8 +35,8 @@ class PipelineGroup(click.Group):
             ctx.exit(e.exit_code)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
-        except KeyboardInterrupt:
-            click.echo("Interrupted.", err=True)
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP during a VeRL launch (rl/verl_launch.py)
+            click.echo(f"Interrupted by {e}." if str(e) else "Interrupted.", err=True)
             ctx.exit(130)
         except Exception as e:
             if debug_enabled(ctx):
