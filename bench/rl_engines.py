@@ -67,13 +67,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/bench_engines")
     ap.add_argument("--png", default=None)
+    ap.add_argument("--reuse-local", action="store_true", help="keep OUT/local from an earlier run of this script")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     local, verl = out / "local", out / "verl"
 
-    local_wall, rc = _cli("rl", "--recipe", a.recipe, "--out", str(local), "--time-budget", str(a.seconds),
-                          "--seed", str(a.seed), log=out / "local.log")
+    if a.reuse_local:
+        local_wall, rc = json.loads((local / "eval.json").read_text())["wall_seconds"], 0  # the run's own wall
+    else:
+        local_wall, rc = _cli("rl", "--recipe", a.recipe, "--out", str(local), "--time-budget", str(a.seconds),
+                              "--seed", str(a.seed), log=out / "local.log")
     if rc:
         sys.exit(f"local engine exited {rc}: see {out / 'local.log'}")
     lev = json.loads((local / "eval.json").read_text())
