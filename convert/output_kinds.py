@@ -33,31 +33,19 @@ import numpy as np
 
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.registry import Registry
+from tpu_pipeline.stats import wilson
 
 # float32 noise of a reference score, relative to the row's largest |score|: the desktop float32
 # artifact is accepted within atol 1e-4 x the output's scale (convert/targets/desktop.toml), so two
 # correct float32 kernels (PyTorch, XNNPACK) may order scores closer than this either way: a gap
 # inside it is undecided even in float32, and a flip there is no precision loss.
 TIE_NOISE = 1e-4
-WILSON_Z = 1.96  # 95% two-sided interval for agreement figures
 # Error bounds apply to the mean over rows of each row's largest error, not to the single worst element
 # nor to a tail quantile: a systematic error (a clipped int8 range: every row) moves it, while the
 # heavy tail of int8 rounding (a few rows of 64 losing much of one probability, their top-1 intact)
 # made a 95th percentile flip between redraws of the same model (0.03-0.14 over 5 seeds for the
 # pitch tracker in tests/support/trained_models.py); rows that change their answer are what top-1
 # and the flip rate count. The worst row is still reported.
-
-
-def wilson(k: int, n: int, z: float = WILSON_Z) -> list[float]:
-    """Wilson score interval of a proportion k/n (stays inside [0, 1] and is honest at 0 and n,
-    where the normal approximation collapses to a point)."""
-    if n <= 0:
-        return [0.0, 1.0]
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return [max(0.0, mid - half), min(1.0, mid + half)]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from tpu_pipeline.convert.output_kinds import wilson
+from tpu_pipeline.stats import wilson
 from tpu_pipeline.convert.tool_output import first_line
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.user_code import load_function

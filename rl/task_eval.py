@@ -16,12 +16,12 @@ no task accuracy.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 from tpu_pipeline import config as _config
+from tpu_pipeline import stats
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.files import atomic_write_json
 from tpu_pipeline.rl.data import build_source
@@ -30,7 +30,6 @@ from tpu_pipeline.rl.rewards import GuardedReward, load_reward
 
 RECORD_FILE = "tpu_pipeline_rl.json"
 RECORD_FORMAT = "tpu-pipeline/rl-policy@1"
-WILSON_Z = 1.96
 
 # A greedy generator: (prompt text, max new tokens) -> the continuation's text, the stop token not shown.
 Generate = Callable[[str, int], str]
@@ -59,16 +58,9 @@ def read_record(folder: str | Path) -> RLConfig | None:
     return cfg
 
 
-def wilson(k: int, n: int, z: float = WILSON_Z) -> list[float]:
-    """95% Wilson score interval of k/n (the formula of convert.output_kinds.wilson: rl may not
-    import convert)."""
-    if n <= 0:
-        return [0.0, 1.0]
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return [round(max(0.0, mid - half), 4), round(min(1.0, mid + half), 4)]
+def wilson(k: int, n: int) -> list[float]:
+    """95% Wilson score interval of k/n, rounded for eval.json."""
+    return [round(x, 4) for x in stats.wilson(k, n)]
 
 
 def figures(correct: int, n: int) -> dict:

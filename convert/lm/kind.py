@@ -37,7 +37,7 @@ from tpu_pipeline.convert.lm.decode_ready import (LLAMA_FAMILY, TOKENIZER_FILES,
 from tpu_pipeline.convert.lm.decode_ready_runtime import META_FILE, LiteRTLanguageModel
 from tpu_pipeline.convert.lm.quant_recipes import (heldout_sequences, quantize_lm, teacher_forced,
                                                    perplexity, tflite_perplexity, torch_logits)
-from tpu_pipeline.convert.output_kinds import wilson
+from tpu_pipeline.stats import wilson
 from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.options import PROMPTS_DEFAULT, ConvertOptions
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult

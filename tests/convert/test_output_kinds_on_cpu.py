@@ -10,7 +10,8 @@ import torch
 
 from tpu_pipeline.convert import compare, load_profiles
 from tpu_pipeline.convert.lm.quant_recipes import teacher_forced
-from tpu_pipeline.convert.output_kinds import OUTPUT_KINDS, parse, wilson
+from tpu_pipeline.convert.output_kinds import OUTPUT_KINDS, parse
+from tpu_pipeline.stats import wilson
 from tpu_pipeline.convert.parity import verdict
 from tpu_pipeline.convert.report import render_html
 from tpu_pipeline.errors import UserError
