@@ -30,7 +30,7 @@ from tpu_pipeline.convert import tflm_int8
 from tpu_pipeline.convert.runtimes import run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.testing import mlperf_tiny
-from tpu_pipeline.testing.convert_models import TextCNN
+from tpu_pipeline.testing.convert_models import TextCNN, mcu_block
 
 # times one invoke on TFLM in a child (TFLM aborts the process on a bad model)
 _TIME = """
@@ -50,26 +50,7 @@ print(sorted(ts)[len(ts) // 2] * 1e3)
 
 
 def _block():
-    # the block of tests/convert/test_mcu_ops_on_cpu.py, rebuilt here (bench imports no tests)
-    from torch import nn
-
-    class McuBlock(nn.Module):
-        def __init__(self, ch=32, classes=6):
-            super().__init__()
-            self.conv, self.norm, self.act = nn.Conv1d(10, ch, 3, padding=1), nn.LayerNorm(ch), nn.GELU()
-            self.head = nn.Linear(ch + 1, classes)
-
-        def forward(self, x):
-            h = self.act(self.norm(self.conv(x).transpose(1, 2)))
-            rms = torch.sqrt(h.pow(2).mean(dim=(1, 2)) + 1e-3)[:, None]
-            return self.head(torch.cat([h.amax(dim=1), rms], dim=1))
-
-    torch.manual_seed(0)
-    m = McuBlock().eval()
-    with torch.no_grad():
-        m.norm.weight.uniform_(0.5, 1.5)
-        m.norm.bias.uniform_(-0.5, 0.5)
-    rows = [(torch.randn(1, 10, 49),) for _ in range(128)]
+    m, rows = mcu_block()
     return m, rows[0], rows, torch.cat([r[0] for r in rows[:64]]), None
 
 

@@ -23,7 +23,7 @@ from tpu_pipeline.convert.module.max_pool import as_amax
 from tpu_pipeline.convert.quantize import quantize
 from tpu_pipeline.convert.runtimes import run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model
-from tpu_pipeline.testing.convert_models import TextCNN
+from tpu_pipeline.testing.convert_models import TextCNN, mcu_block
 
 pytestmark = pytest.mark.slow
 
@@ -132,32 +132,10 @@ def test_rewrites_are_named_and_leave_other_models_alone(ops_model):
     assert again == model
 
 
-class McuBlock(nn.Module):
-    """A keyword-spotting-like block using every op above: Conv1d features, LayerNorm,
-    GELU, an RMS (SQRT of a mean square), max over time, a Linear head."""
-
-    def __init__(self, ch: int = 32, classes: int = 6):
-        super().__init__()
-        self.conv = nn.Conv1d(10, ch, 3, padding=1)
-        self.norm = nn.LayerNorm(ch)
-        self.act = nn.GELU()
-        self.head = nn.Linear(ch + 1, classes)
-
-    def forward(self, x):                                            # x: N x 10 coefficients x 49 frames
-        h = self.act(self.norm(self.conv(x).transpose(1, 2)))        # N x 49 x ch
-        rms = torch.sqrt(h.pow(2).mean(dim=(1, 2)) + 1e-3)[:, None]  # N x 1
-        return self.head(torch.cat([h.amax(dim=1), rms], dim=1))
-
-
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     out = {}
-    torch.manual_seed(0)
-    block = McuBlock().eval()
-    with torch.no_grad():
-        block.norm.weight.uniform_(0.5, 1.5)
-        block.norm.bias.uniform_(-0.5, 0.5)
-    calib = [(torch.randn(1, 10, 49),) for _ in range(128)]
+    block, calib = mcu_block()
     out["block"] = tc.convert(block, calib[0], targets="iot", out=tmp_path_factory.mktemp("block") / "d",
                               calibration=calib, samples=64, latency=False)
     torch.manual_seed(0)

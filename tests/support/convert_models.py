@@ -65,3 +65,31 @@ class TextCNN(nn.Module):
 
     def example_inputs(self):
         return (torch.randint(0, self.vocab, (1, self.seq), dtype=torch.int64),)
+
+
+class McuBlock(nn.Module):
+    """A keyword-spotting-like block using every MCU op (issue 21): Conv1d features, LayerNorm,
+    GELU, an RMS (SQRT of a mean square), max over time, a Linear head."""
+
+    def __init__(self, ch: int = 32, classes: int = 6):
+        super().__init__()
+        self.conv = nn.Conv1d(10, ch, 3, padding=1)
+        self.norm = nn.LayerNorm(ch)
+        self.act = nn.GELU()
+        self.head = nn.Linear(ch + 1, classes)
+
+    def forward(self, x):                                            # x: N x 10 coefficients x 49 frames
+        h = self.act(self.norm(self.conv(x).transpose(1, 2)))        # N x 49 x ch
+        rms = torch.sqrt(h.pow(2).mean(dim=(1, 2)) + 1e-3)[:, None]  # N x 1
+        return self.head(torch.cat([h.amax(dim=1), rms], dim=1))
+
+
+def mcu_block(rows: int = 128) -> tuple[McuBlock, list[tuple[torch.Tensor]]]:
+    """McuBlock with a trained-like LayerNorm (affine away from 1 and 0), and `rows` input rows."""
+    torch.manual_seed(0)
+    block = McuBlock().eval()
+    with torch.no_grad():
+        block.norm.weight.uniform_(0.5, 1.5)
+        block.norm.bias.uniform_(-0.5, 0.5)
+    return block, [(torch.randn(1, 10, 49),) for _ in range(rows)]
+
