@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tpu_pipeline.convert.module.rnn_weights import layer_weights
+
 
 class FusedGRU(nn.Module):
     """An nn.GRU (any layers, directions, batch_first) with the same outputs (output, h_n);
@@ -26,20 +28,15 @@ class FusedGRU(nn.Module):
         self.layers, self.directions = gru.num_layers, 2 if gru.bidirectional else 1
         self.fell_back = False
         h = gru.hidden_size
-        for layer in range(self.layers):
-            for d in range(self.directions):
-                sfx = f"_l{layer}" + ("_reverse" if d else "")
-                w, r = getattr(gru, "weight_ih" + sfx).detach(), getattr(gru, "weight_hh" + sfx).detach()
-                bi = getattr(gru, "bias_ih" + sfx).detach() if gru.bias else w.new_zeros(3 * h)
-                bh = getattr(gru, "bias_hh" + sfx).detach() if gru.bias else w.new_zeros(3 * h)
-                # r and z see b_ih + b_hh summed; the candidate's b_hh sits inside r * (W_hn h + b_hn)
-                self.register_buffer("w_rz" + sfx, w[:2 * h].clone())
-                self.register_buffer("b_rz" + sfx, (bi[:2 * h] + bh[:2 * h]).clone())
-                self.register_buffer("w_n" + sfx, w[2 * h:].clone())
-                self.register_buffer("b_in" + sfx, bi[2 * h:].clone())
-                self.register_buffer("r_rz" + sfx, r[:2 * h].clone())
-                self.register_buffer("r_n" + sfx, r[2 * h:].clone())
-                self.register_buffer("b_hn" + sfx, bh[2 * h:].clone())
+        for sfx, w, r, bi, bh in layer_weights(gru):
+            # r and z see b_ih + b_hh summed; the candidate's b_hh sits inside r * (W_hn h + b_hn)
+            self.register_buffer("w_rz" + sfx, w[:2 * h].clone())
+            self.register_buffer("b_rz" + sfx, (bi[:2 * h] + bh[:2 * h]).clone())
+            self.register_buffer("w_n" + sfx, w[2 * h:].clone())
+            self.register_buffer("b_in" + sfx, bi[2 * h:].clone())
+            self.register_buffer("r_rz" + sfx, r[:2 * h].clone())
+            self.register_buffer("r_n" + sfx, r[2 * h:].clone())
+            self.register_buffer("b_hn" + sfx, bh[2 * h:].clone())
 
     def _direction(self, x: torch.Tensor, sfx: str, reverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, F] -> (outputs [B, T, H], last state [B, H])."""

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from tpu_pipeline.convert.module.gru import FusedGRU
+from tpu_pipeline.convert.module.rnn_weights import layer_weights
 
 OP_NAME = "tpu_pipeline::lstm_layer"
 # a candidate precision's suffix: the variant derives from the unfused export. LiteRT.js (web) and
@@ -113,16 +114,12 @@ class FusedLSTM(nn.Module):
         self.layers, self.directions = lstm.num_layers, 2 if lstm.bidirectional else 1
         self.fell_back = False
         h = lstm.hidden_size
-        for layer in range(self.layers):
-            for d in range(self.directions):
-                sfx = f"_l{layer}" + ("_reverse" if d else "")
-                w, r = getattr(lstm, "weight_ih" + sfx).detach(), getattr(lstm, "weight_hh" + sfx).detach()
-                b = (getattr(lstm, "bias_ih" + sfx) + getattr(lstm, "bias_hh" + sfx)).detach() if lstm.bias \
-                    else w.new_zeros(4 * h)
-                for k, gate in enumerate("ifco"):  # PyTorch stacks i, f, g, o: TFLite's cell gate is g
-                    self.register_buffer(f"w_{gate}{sfx}", w[k * h:(k + 1) * h].clone())
-                    self.register_buffer(f"r_{gate}{sfx}", r[k * h:(k + 1) * h].clone())
-                    self.register_buffer(f"b_{gate}{sfx}", b[k * h:(k + 1) * h].clone())
+        for sfx, w, r, bi, bh in layer_weights(lstm):
+            b = bi + bh
+            for k, gate in enumerate("ifco"):  # PyTorch stacks i, f, g, o: TFLite's cell gate is g
+                self.register_buffer(f"w_{gate}{sfx}", w[k * h:(k + 1) * h].clone())
+                self.register_buffer(f"r_{gate}{sfx}", r[k * h:(k + 1) * h].clone())
+                self.register_buffer(f"b_{gate}{sfx}", b[k * h:(k + 1) * h].clone())
 
     def _direction(self, x: torch.Tensor, sfx: str) -> torch.Tensor:
         g = {name: getattr(self, f"{name}{sfx}") for name in (f"{k}_{gate}" for k in "wrb" for gate in "ifco")}
