@@ -239,6 +239,8 @@ def render_html(report: dict) -> str:
         lat_s = (f"{lat['artifact']:.3f} ms{per} vs torch {lat['torch_eager']:.3f} ms" if lat.get("artifact") is not None
                  else "-")
         problems = "<br>".join(e(x) for x in t.get("errors", []) + t.get("warnings", []))
+        if p.get("calibration_overlap"):
+            problems += f"<br><b>{e(p['calibration_overlap']['why'])}</b>"
         loc = p.get("first_divergence")
         if loc:
             problems += f"<br><b>first diverging layer: {e(loc['module'])}</b> ({e(loc['op'])}, rel. error {loc['rel_err']:.3g})"

@@ -77,6 +77,7 @@ class ModuleKind(ModelKind):
         self.kinds: list[tuple[str, str]] = [self._kind_without_graph(k) for k in range(len(ref[0]))]
         self.calib_data = calib_data
         self.calib: list[dict[str, np.ndarray]] | None = None
+        self.calib_overlap: dict | None = None  # parity rows that are also calibration rows (prepare)
         self.notes = list(m.notes)
         self.torch_ms: float | None = None
         self.float_art: Artifact | None = None
@@ -218,6 +219,9 @@ class ModuleKind(ModelKind):
                 rows = self.calib_data
             inputs = inspect_model(float_model.model).inputs
             self.calib = [{t.key: np.asarray(x).astype(t.dtype) for x, t in zip(s, inputs)} for s in rows]
+            self.calib_overlap = _calibration_overlap(self.samples, rows)
+            if self.calib_overlap:
+                warnings.append("WARNING: " + self.calib_overlap["why"])
         return warnings
 
     def variant(self, float_model: Artifact, precision: str) -> Artifact:
@@ -263,6 +267,8 @@ class ModuleKind(ModelKind):
         res = {"passed": passed, "reasons": v["reasons"], "decided_by": v["decided_by"], "checks": v["checks"],
                "outputs": outputs, "tolerances": parity.tolerances(prof, o.atol, o.rtol, o.min_cosine),
                "runtime": prof.runtime}
+        if self.calib_overlap and art.precision.startswith("static_int8"):
+            res["calibration_overlap"] = self.calib_overlap  # only a calibrated artifact is flattered
         warnings, runtime = list(v["notes"]), None
         if self.task is not None:
             passed = self._task_verdict(res, outputs, self._task_outputs(prof, model, info, got), prof, warnings)
@@ -576,10 +582,12 @@ def _random_sample(m: LoadedModel, rng) -> list[np.ndarray]:
 
 
 def _parity_samples(m, eval_data, calib_data, calib_source, n, rng):
-    """-> (parity samples, where they came from, calibration rows). Real data beats random.
+    """-> (parity samples, where they came from, calibration rows). Real data beats random, and a
+    parity row is never a calibration row: one that set the int8 ranges flatters the artifact.
     n None (the default): every --eval-data row; else DEFAULT_SAMPLES (64) rows. With n given and
-    more rows than n, n are drawn with `rng` (--seed redraws them). With enough calibration rows,
-    parity rows are drawn and held out of calibration."""
+    more rows than n, n are drawn with `rng` (--seed redraws them). Calibration rows alone: n drawn
+    and held out when there are 2n, else half of them (calibration keeps the rest); a single row
+    cannot be split: it is both, and `calibration_overlap` says so on the report (prepare)."""
     if eval_data:
         if n is None or n >= len(eval_data):
             return eval_data, f"--eval-data (all {len(eval_data)} rows)", calib_data
@@ -587,14 +595,42 @@ def _parity_samples(m, eval_data, calib_data, calib_source, n, rng):
         return [eval_data[i] for i in pick], f"--eval-data ({n} of {len(eval_data)} rows, drawn)", calib_data
     n = DEFAULT_SAMPLES if n is None else n
     if calib_data:
-        if len(calib_data) >= 2 * n:
-            held = set(rng.choice(len(calib_data), n, replace=False).tolist())
-            return ([r for i, r in enumerate(calib_data) if i in held],
-                    f"{calib_source} ({n} rows drawn, held out of calibration)",
-                    [r for i, r in enumerate(calib_data) if i not in held])
-        return calib_data[:n], f"{calib_source} ({min(n, len(calib_data))} rows, also used for calibration)", calib_data
+        if len(calib_data) < 2:
+            return (list(calib_data), f"{calib_source} (1 row, also used for calibration: too few rows to hold "
+                    "any out; give more rows or --eval-data)", calib_data)
+        k = n if len(calib_data) >= 2 * n else len(calib_data) // 2
+        held = set(rng.choice(len(calib_data), k, replace=False).tolist())
+        samples = [r for i, r in enumerate(calib_data) if i in held]
+        # a row given twice stays out of calibration too (the split is by content, not position)
+        seen = {_row_key(r) for r in samples}
+        kept = [r for i, r in enumerate(calib_data) if i not in held and _row_key(r) not in seen]
+        if not kept:  # every row is a copy of a held-out one: nothing distinct left to calibrate on
+            return (list(calib_data), f"{calib_source} ({len(calib_data)} rows, all alike: also used for "
+                    "calibration)", calib_data)
+        if k == n:
+            return samples, f"{calib_source} ({n} rows drawn, held out of calibration)", kept
+        return samples, (f"{calib_source} ({k} of {len(calib_data)} rows drawn and held out of calibration, "
+                         f"which keeps {len(kept)}: fewer than {2 * n} rows, so half are parity rows; give more "
+                         "rows or --eval-data for more)"), kept
     first = [a.numpy() for a in m.sample_args]
     return [first] + [_random_sample(m, rng) for _ in range(n - 1)], "the model's example inputs + random inputs", None
+
+
+def _row_key(row) -> tuple:
+    """A row's content, for telling identical rows apart from distinct ones."""
+    return tuple((np.asarray(a).dtype.str, np.shape(a), np.asarray(a).tobytes()) for a in row)
+
+
+def _calibration_overlap(samples, calib) -> dict | None:
+    """How many parity rows are also calibration rows (None when none is): on the parity record
+    of every calibrated (static int8) artifact, since its verdict on those rows is flattered."""
+    keys = {_row_key(r) for r in calib or []}
+    shared = sum(_row_key(r) in keys for r in samples)
+    if not shared:
+        return None
+    return {"rows": shared, "of": len(samples),
+            "why": f"{shared} of {len(samples)} parity rows are also calibration rows (too few distinct rows to "
+                   "keep them apart): the int8 verdict on them is flattered; give more rows or --eval-data"}
 
 
 def _sample_rows(rows, m: LoadedModel) -> list[list[np.ndarray]]:
@@ -639,11 +675,8 @@ def _read_npz(path, m: LoadedModel, flag: str) -> list[list[np.ndarray]]:
 def _without_rows(calib, held, calib_source) -> tuple[list, str | None]:
     """Calibration rows minus any row identical to a parity (--eval-data) row: a row that set the
     int8 ranges would flatter the artifact measured on it. -> (rows kept, the report's note)."""
-    def key(row):
-        return tuple((a.dtype.str, a.shape, a.tobytes()) for a in row)
-
-    seen = {key(r) for r in held}
-    kept = [r for r in calib if key(r) not in seen]
+    seen = {_row_key(r) for r in held}
+    kept = [r for r in calib if _row_key(r) not in seen]
     if len(kept) == len(calib):
         return calib, None
     if not kept:

@@ -258,3 +258,65 @@ def test_calibration_never_holds_an_eval_row(files, tmp_path):
     np.savez(tmp_path / "all_shared.npz", x=np.load(files / "eval.npz")["x"][:5])
     with pytest.raises(UserError, match=r"every row of --calib \(5\) is also an --eval-data row"):
         load(tmp_path / "all_shared.npz")
+
+
+def _keys(rows):
+    return {r[0].tobytes() for r in rows}
+
+
+def test_parity_rows_are_never_calibration_rows_in_any_branch():
+    """Each branch of the split (issue 19 item 2): --eval-data rows drawn, 2n calibration rows
+    (n held out), fewer (half held out), rows given twice, a single row (flagged, not silent),
+    and no rows (random parity, random calibration)."""
+    from types import SimpleNamespace
+
+    from tpu_pipeline.convert.module.kind import _calibration_overlap, _parity_samples
+
+    m = SimpleNamespace(sample_args=[torch.zeros(1, 3)], int_high=[None])
+
+    def rows(n, start=0):
+        return [[np.full((1, 3), start + i, np.float32)] for i in range(n)]
+
+    rng = np.random.default_rng
+    # --eval-data: parity rows come from it; calibration is what _without_rows left (apart already)
+    s, src, c = _parity_samples(m, rows(10, 100), rows(6), "--calib", 4, rng(0))
+    assert len(s) == 4 and "4 of 10 rows, drawn" in src and _keys(c) == _keys(rows(6)) and not _keys(s) & _keys(c)
+    # 2n calibration rows: n drawn and held out
+    s, src, c = _parity_samples(m, None, rows(20), "--calib", 8, rng(0))
+    assert (len(s), len(c)) == (8, 12) and "8 rows drawn, held out" in src and not _keys(s) & _keys(c)
+    # fewer than 2n: half held out (the old code used all 5 for both)
+    s, src, c = _parity_samples(m, None, rows(5), "--calib", 64, rng(0))
+    assert (len(s), len(c)) == (2, 3) and "2 of 5 rows drawn and held out" in src and not _keys(s) & _keys(c)
+    assert _keys(s) != _keys(_parity_samples(m, None, rows(5), "--calib", 64, rng(1))[0])  # --seed redraws
+    assert _calibration_overlap(s, c) is None
+    # a row given twice: its copy leaves calibration with the held-out one
+    dup = rows(4) + rows(4)
+    s, _, c = _parity_samples(m, None, dup, "--calib", 64, rng(0))
+    assert len(s) == 4 and not _keys(s) & _keys(c) and len(c) < 4
+    # one row cannot be split: both, and flagged
+    s, src, c = _parity_samples(m, None, rows(1), "--calib", 64, rng(0))
+    assert _keys(s) == _keys(c) == _keys(rows(1)) and "too few rows to hold any out" in src
+    ov = _calibration_overlap(s, c)
+    assert ov["rows"] == ov["of"] == 1 and "1 of 1 parity rows are also calibration rows" in ov["why"]
+    # every row alike: nothing distinct to calibrate on, so both, and flagged
+    s, src, c = _parity_samples(m, None, rows(1) * 6, "--calib", 64, rng(0))
+    assert "all alike" in src and _calibration_overlap(s, c)["rows"] == 6
+    # no rows: the example input + random parity rows; calibration is drawn in prepare (random)
+    s, src, c = _parity_samples(m, None, None, None, 5, rng(0))
+    assert len(s) == 5 and c is None and "random inputs" in src
+
+
+def test_one_calibration_row_is_flagged_on_the_int8_parity_record(tmp_path):
+    """A single --calib row is both parity and calibration row: the static int8 target's parity
+    record and the report's warnings say so; the float target's record does not (not calibrated)."""
+    from tpu_pipeline.testing.reference_models import DepthwiseCNN
+
+    torch.manual_seed(0)
+    r = convert(DepthwiseCNN().eval(), (torch.randn(1, 1, 8, 8),), targets="desktop,iot", out=tmp_path / "o",
+                calibration=[(torch.randn(1, 1, 8, 8),)], latency=False, refine_rounds=0)
+    assert r.report["samples"] == 1 and "too few rows to hold any out" in r.report["sample_source"]
+    ov = r["iot"].parity["calibration_overlap"]
+    assert r["iot"].precision == "static_int8" and ov["rows"] == ov["of"] == 1
+    assert "calibration_overlap" not in r["desktop"].parity
+    assert any("parity rows are also calibration rows" in w for w in r.report["warnings"])
+    assert "parity rows are also calibration rows" in (tmp_path / "o" / "report.html").read_text()
