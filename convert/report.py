@@ -179,7 +179,14 @@ def _accelerators(p: dict) -> str:
         lines.append("float16 emulation (phone precision, PyTorch): "
                      + (f"first {'inf/NaN' if f16.get('first_nonfinite') else 'lossy'} layer {e(str(worst))}"
                         if worst else "no layer loses precision"))
+    judged = p.get("judged")  # which check is task-scored and which numeric (task_score.checks_judged)
+    if judged:
+        lines.append("judged: " + "; ".join(f"{JUDGED_LABELS.get(k, k)}: {e(v)}" for k, v in judged.items()))
     return "<br>".join(lines)
+
+
+JUDGED_LABELS = {"cpu": "CPU run", "browser": "browser (wasm)", "gpu_accelerator": "GPU accelerator",
+                 "webgpu": "WebGPU", "float16_activations": "float16 emulation"}
 
 
 def _ci(ci) -> str:

@@ -178,6 +178,39 @@ def _percentiles(boot: np.ndarray) -> list[float]:
     return [float(lo), float(hi)]
 
 
+# what scoring an accelerator over the whole eval set would cost, measured (docs/BENCHMARKS.md):
+# SwiftShader runs ~0.27 s a row on the GPU accelerator and ~0.2 s on WebGPU after their compile
+ACCELERATOR_NUMERIC = ("numeric on {n} rows against this artifact's CPU run, whose task score decides (the "
+                       "accelerator is not task-scored: on SwiftShader every labelled row would cost ~0.2-0.3 s)")
+
+
+def checks_judged(res: dict, labelled: bool, rows: int) -> dict[str, str]:
+    """Which check of a target's parity record (res) is task-scored and which numeric, in words,
+    for report.json (`judged`) and report.html; each accelerator record gets its own line too."""
+    out = {}
+    t = res.get("task_score")
+    out["cpu"] = (f"task {t['metric']} over all {t['rows']} labelled rows on {t['runtime']}" if labelled and t else
+                  f"numeric by output kind on {rows} rows against PyTorch on {res.get('runtime')}")
+    b = res.get("browser")
+    if b is not None:
+        out["browser"] = ("not done: " + b["skipped"] if "skipped" in b else
+                          f"task {b['task_score']['metric']} over all {b['task_score']['rows']} labelled rows in "
+                          "the browser (wasm)" if "task_score" in b else
+                          f"numeric on {rows} rows against this artifact's CPU run, whose task score decides"
+                          if labelled else f"numeric by output kind on {rows} rows against PyTorch")
+    for key in ("gpu_accelerator", "webgpu"):
+        rec = res.get(key)
+        if rec is None:
+            continue
+        rec["judged"] = out[key] = (
+            "not done: " + str(rec.get("reason")) if not rec.get("done") else
+            ACCELERATOR_NUMERIC.format(n=rec["samples"]) if labelled else
+            f"numeric by output kind on {rec['samples']} rows against PyTorch")
+    if "float16_activations" in res:
+        out["float16_activations"] = "numeric: PyTorch with float16 storage; fails only on inf/NaN"
+    return out
+
+
 def stack(rows: list[list[np.ndarray]], like: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """Per-row outputs (each a list of batch-1 arrays) -> one (N, ...) array per output; `like`:
     one row of PyTorch's outputs, whose shapes a runtime's outputs are read in."""

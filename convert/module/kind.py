@@ -25,6 +25,7 @@ from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threa
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.global_pool import as_mean
 from tpu_pipeline.convert.module.max_pool import as_amax
+from tpu_pipeline.convert.module import lstm_int8
 from tpu_pipeline.convert.module.lstm_reset import lstm_count
 from tpu_pipeline.convert.module.lstm_weights import int8_weights
 from tpu_pipeline.convert.module.recurrent import UNROLLED, as_fused
@@ -226,6 +227,10 @@ class ModuleKind(ModelKind):
 
     def variant(self, float_model: Artifact, precision: str) -> Artifact:
         float_model, precision = self._source(float_model, precision)
+        if precision == "static_int8" and lstm_count(float_model.model):  # the quantizer leaves fused LSTMs float32
+            if lstm_int8.NOTE not in self.notes:
+                self.notes.append(lstm_int8.NOTE)
+            return self._noted(Artifact(model=lstm_int8.full_integer(float_model.model, self.calib), precision=precision))
         model = quantize(float_model.model, precision, self.calib)
         if precision == "dynamic_int8" and lstm_count(model):  # ai-edge-quantizer leaves fused LSTMs float32
             model = int8_weights(model)
@@ -280,14 +285,17 @@ class ModuleKind(ModelKind):
                     f"the {prof.delegate} delegate computes in float16, and this model does not run in float16: "
                     f"PyTorch in float16 gives inf/NaN first at {f16['first_nonfinite']}")
         if prof.browser_parity:
-            res["browser"] = browser = self._browser_parity(prof, art.model, info, o)
+            res["browser"] = browser = self._browser_parity(prof, art.model, info, o, got)
             if browser.get("passed") is False:
                 res["passed"] = False
                 res["reasons"] += [f"in the browser (LiteRT.js): {x}" for x in browser["reasons"]]
             if "skipped" in browser:
                 runtime = "ai-edge-litert XNNPACK only (LiteRT.js browser run skipped)"
                 warnings.append(f"browser parity skipped: {browser['skipped']}")
-        accelerators.fold(res, warnings, self._judge(prof, o, art), got)
+        # with labels the task score of the CPU run decides; the accelerators (8 rows) are judged
+        # against that run, so they check the kernels and cannot overrule the task on every row
+        accelerators.fold(res, warnings, self._judge(prof, o, art, against=got if self.task else None), got)
+        res["judged"] = task_score.checks_judged(res, self.task is not None, len(self.samples))
         first = outputs[names[0]]
         res.update({k: first[k] for k in ("max_abs", "rmse", "cosine", "cosine_mean", "snr_db", "top1") if k in first})
         if not is_float and self.float_art is not None:
@@ -376,10 +384,15 @@ class ModuleKind(ModelKind):
             hit = self._xnnpack[id(model)] = (model, [runner.run(s) for s in self.samples])
         return hit[1]
 
-    def _judge(self, prof: TargetProfile, o: ConvertOptions, art: Artifact):
+    def _judge(self, prof: TargetProfile, o: ConvertOptions, art: Artifact, against: list | None = None):
         """got -> (per-output figures, passed, reasons): an accelerator's outputs judged as this
-        artifact's CPU run is (same bounds, overrides and float16-weight allowance)."""
+        artifact's CPU run is (same bounds, overrides and float16-weight allowance); `against`
+        (with labels: the CPU run's outputs, whose task score decides): judged against that run
+        instead of PyTorch, by the same bounds (the same artifact: no precision allowance)."""
         def judge(got):
+            if against is not None:
+                outputs = self._compare(prof, o, _as_float32(against[:len(got)]), got)
+                return (outputs, *parity.judge(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine))
             err = self.precision_error(art.precision)
             outputs = self._compare(prof, o, self.ref[:len(got)], got, err and [e[:len(got)] for e in err])
             return (outputs, *parity.judge(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine))
@@ -410,8 +423,11 @@ class ModuleKind(ModelKind):
                                   for o, r in zip(outs, self.ref)] for k in range(len(self.ref[0]))]
         return self._f16_weights
 
-    def _browser_parity(self, prof: TargetProfile, model: bytes, info: ModelInfo, o: ConvertOptions) -> dict:
-        """The web target's parity in a real browser (LiteRT.js in headless Chromium)."""
+    def _browser_parity(self, prof: TargetProfile, model: bytes, info: ModelInfo, o: ConvertOptions,
+                        cpu_got: list) -> dict:
+        """The web target's parity in a real browser (LiteRT.js in headless Chromium). With labels:
+        the task score when the parity rows are the whole eval set; else (--samples fewer) judged
+        against the task-scored CPU run's outputs, as the accelerators are."""
         reason = browser_unavailable()
         if reason:
             return {"skipped": reason}
@@ -427,6 +443,10 @@ class ModuleKind(ModelKind):
                                                 "LiteRT.js in headless Chromium")
             extra["numeric_verdict"] = {"passed": passed, "reasons": reasons}
             passed, reasons = t["passed"], [] if t["passed"] else [t["reason"]]
+        elif self.task is not None:
+            extra["numeric_verdict"] = {"passed": passed, "reasons": reasons}
+            extra["outputs_vs_cpu"] = vs = self._compare(prof, o, _as_float32(cpu_got), got)
+            passed, reasons = parity.judge(vs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
         first = outputs[self.output_names[0]]
         return {"runtime": "LiteRT.js (@litertjs/core, wasm) in headless Chromium", "passed": passed,
                 "reasons": reasons, "outputs": outputs, **extra,
@@ -470,6 +490,11 @@ class ModuleKind(ModelKind):
         return {"metric": t.metric.name, "chosen": t.metric.why, "higher_is_better": t.metric.higher_is_better,
                 "rows": len(t.labels), "labels_from": self.eval_set.source, "torch_score": t.torch_score,
                 "torch_interval": t.torch_interval}
+
+
+def _as_float32(rows: list) -> list[list[np.ndarray]]:
+    """A runtime's outputs per row as float32 arrays: a reference for another runtime's."""
+    return [[np.asarray(y, np.float32) for y in row] for row in rows]
 
 
 def _to_f16(t):

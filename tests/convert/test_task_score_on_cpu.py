@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
 from tpu_pipeline.convert import convert, eval_data, task_score
+from tpu_pipeline.convert.browser import browser_unavailable
 from tpu_pipeline.convert.runtimes import LitertRunner, run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.errors import UserError
@@ -320,3 +321,60 @@ def test_one_calibration_row_is_flagged_on_the_int8_parity_record(tmp_path):
     assert "calibration_overlap" not in r["desktop"].parity
     assert any("parity rows are also calibration rows" in w for w in r.report["warnings"])
     assert "parity rows are also calibration rows" in (tmp_path / "o" / "report.html").read_text()
+
+
+def _no_gpu():
+    from tpu_pipeline.convert.runtimes import gpu_environment
+
+    return gpu_environment()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_no_gpu() is not None, reason=f"GPU accelerator: {_no_gpu()}")
+@pytest.mark.skipif(browser_unavailable() is not None, reason=f"browser runtime: {browser_unavailable()}")
+def test_labelled_accelerator_checks_follow_the_task_scored_run(digits, tmp_path):
+    """With labels, android's GPU accelerator run (8 rows) and web's WebGPU and wasm runs (on 32
+    parity rows of 64 labelled) are judged against the task-scored CPU run, not PyTorch: a numeric
+    bound the task overrules (min_cosine 1 - 1e-8, which float16 misses) refuses none; report.json
+    and report.html say which check is task-scored and which numeric, with the output's kind, the
+    task score's interval and the GPU accelerator's result."""
+    np.savez(tmp_path / "eval.npz", x=digits.eval_x[:64], labels=digits.eval_y[:64])
+    r = convert(digits.module, (digits.example,), targets="android,web", out=tmp_path / "o", latency=False,
+                eval_data=tmp_path / "eval.npz", refine_rounds=0, min_cosine=1 - 1e-8, metric=task_score.accuracy,
+                samples=32)
+    for name in ("android", "web"):
+        p = r[name].parity
+        assert not p["numeric_verdict"]["passed"] and p["task_score"]["passed"] and r[name].passed, name
+    web = r["web"].parity
+    assert not web["browser"]["numeric_verdict"]["passed"] and web["browser"]["passed"]
+    assert web["judged"]["browser"].startswith("numeric on 32 rows against this artifact's CPU run")
+    assert web["webgpu"]["done"] and web["webgpu"]["passed"] and "CPU run" in web["judged"]["webgpu"]
+    p = r["android"].parity
+    gpu = p["gpu_accelerator"]
+    assert gpu["done"] and gpu["passed"] and gpu["samples"] == 8
+    # judged against the CPU run: its figures are the distance to that run (SwiftShader: float32)
+    assert gpu["max_abs"] == pytest.approx(gpu["max_abs_vs_cpu"]) and gpu["max_abs"] < 1e-4
+    assert p["judged"]["cpu"] == "task accuracy over all 64 labelled rows on ai-edge-litert (XNNPACK)"
+    assert gpu["judged"] == p["judged"]["gpu_accelerator"] and "against this artifact's CPU run" in gpu["judged"]
+    html = (tmp_path / "o" / "report.html").read_text()
+    for shown in ("<b>kind: kind unknown (judged numerically)</b>", "<b>task accuracy</b> over 64 labelled rows",
+                  "(95% CI", "GPU accelerator run (", "fully accelerated", "judged: CPU run: task accuracy",
+                  "GPU accelerator: numeric on 8 rows against this artifact&#x27;s CPU run"):
+        assert shown in html, shown
+
+
+def test_checks_judged_says_which_check_is_numeric():
+    ts = {"metric": "accuracy", "rows": 50, "runtime": "ai-edge-litert (XNNPACK)"}
+    res = {"runtime": "xnnpack", "task_score": ts, "browser": {"outputs": {}},
+           "gpu_accelerator": {"done": False, "reason": "no Vulkan", "samples": 8},
+           "webgpu": {"done": True, "samples": 8}, "float16_activations": {}}
+    j = task_score.checks_judged(res, True, 20)
+    assert j["cpu"].startswith("task accuracy over all 50") and j["gpu_accelerator"] == "not done: no Vulkan"
+    assert j["browser"].startswith("numeric on 20 rows against this artifact's CPU run")  # --samples < eval rows
+    assert j["webgpu"] == res["webgpu"]["judged"] and "not task-scored" in j["webgpu"] and "fails only on inf" in \
+        j["float16_activations"]
+    res["browser"] = {"task_score": ts}
+    assert task_score.checks_judged(res, True, 50)["browser"].endswith("labelled rows in the browser (wasm)")
+    plain = task_score.checks_judged({"runtime": "tflite-micro", "webgpu": {"done": True, "samples": 8}}, False, 64)
+    assert plain == {"cpu": "numeric by output kind on 64 rows against PyTorch on tflite-micro",
+                     "webgpu": "numeric by output kind on 8 rows against PyTorch"}
