@@ -2,7 +2,8 @@
 litert_lm runs with greedy text equal to transformers' token for token; a quantized
 variant's divergences are judged by the near-tie rule; unsupported families are
 refused in one line. Each export takes ~40-90 s: two families here (grouped-query
-Llama, multi-query Gemma); bench/lm_families.py runs every family."""
+Llama, multi-query Gemma), each exported once: the Llama tests share one `convert`
+(its desktop bundle is the float32 export); bench/lm_families.py runs every family."""
 
 from __future__ import annotations
 
@@ -57,14 +58,6 @@ def test_unsupported_family_is_refused_in_one_line(model_type, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def _export(tmp_path_factory, family: str, **kw):
-    folder = save_family(family, tmp_path_factory.mktemp(family) / "hf", **kw)
-    work = tmp_path_factory.mktemp(f"{family}_work")
-    bundle = litertlm.export_bundle(folder, work, cache_length=CACHE, prefill_length=16)
-    model = load_hf_causal_lm(folder)
-    return folder, model, bundle, work
-
-
 def _parity(folder, model, bundle, work):
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     work.mkdir(exist_ok=True)
@@ -73,8 +66,28 @@ def _parity(folder, model, bundle, work):
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    return _export(tmp_path_factory, "llama", kv_heads=2)
+def llama_converted(tmp_path_factory):
+    """One `convert` of the grouped-query Llama: android measures two LM recipes (weight-only int4
+    against a 0.1% perplexity bound, then float16), ios float16, desktop the float32 bundle."""
+    from tpu_pipeline.convert import convert
+
+    tmp = tmp_path_factory.mktemp("llama_convert")
+    folder = save_family("llama", tmp / "llama", kv_heads=2)
+    (tmp / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    bound = 0.001
+    profiles = _profiles_with(tmp, {"android": ["weight_only_int4", "float16"], "ios": ["float16"]}, bound)
+    out = tmp / "dist"
+    result = convert(folder, targets="android,ios,desktop", out=out, prompts=tmp / "prompts.txt",
+                     lm_max_len=CACHE, lm_prefill_len=16, latency=False, profile_dir=profiles)
+    return folder, out, result, bound
+
+
+@pytest.fixture(scope="module")
+def llama(llama_converted, tmp_path_factory):
+    """The float32 bundle export_hf wrote for the Llama (desktop's: lm_precisions = ["float32"])."""
+    folder, out, _, _ = llama_converted
+    bundle = (out / "desktop" / litertlm.BUNDLE_FILE).read_bytes()
+    return folder, load_hf_causal_lm(folder), bundle, tmp_path_factory.mktemp("llama_work")
 
 
 @pytest.mark.slow
@@ -233,22 +246,14 @@ def _profiles_with(tmp_path, lists: dict[str, list[str]], max_ppl: float):
 
 
 @pytest.mark.slow
-def test_convert_measures_lm_recipes_and_ships_the_one_the_rule_picks(tmp_path):
+def test_convert_measures_lm_recipes_and_ships_the_one_the_rule_picks(llama_converted):
     """One conversion, two LM recipes on android: each measured on litert_lm (greedy agreement) and
     on held-out text (perplexity vs PyTorch); weight-only int4 misses a 0.1% perplexity bound, so
     the next in the profile's order ships. The android/ios folders get LiteRT-LM snippets with the
     bundle's name and the sampler written into it."""
     import json
 
-    from tpu_pipeline.convert import convert
-
-    folder = save_family("llama", tmp_path / "llama", kv_heads=2)
-    (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
-    bound = 0.001
-    profiles = _profiles_with(tmp_path, {"android": ["weight_only_int4", "float16"], "ios": ["float16"]}, bound)
-    out = tmp_path / "dist"
-    result = convert(folder, targets="android,ios,desktop", out=out, prompts=tmp_path / "prompts.txt",
-                     lm_max_len=CACHE, lm_prefill_len=16, latency=False, profile_dir=profiles)
+    _, out, result, bound = llama_converted
     # float32: the bundle's own graph reproduces PyTorch's held-out perplexity
     desk = result["desktop"].parity["lm_recipe"]
     assert desk["perplexity_torch"] > 1 and abs(desk["perplexity_change"]) < 1e-4, desk
