@@ -50,13 +50,15 @@ from tpu_pipeline.errors import UserError
 from tpu_pipeline.files import atomic_write_json, atomic_write_text
 from tpu_pipeline.rl.algo import resolve
 from tpu_pipeline.rl.data import build_source
+from tpu_pipeline.rl.evaluate import encode_prompts
 from tpu_pipeline.rl.policy import home, warm_start, warm_start_key, warm_start_overrides
 from tpu_pipeline.rl.recipe import RLConfig, to_dict
 from tpu_pipeline.rl.rewards import reward_location
 from tpu_pipeline.rl.verl_cpu_platform import ENV as CPU_ENV
 from tpu_pipeline.rl.verl_launch import FaultWatch, TrainerError, diagnose, supervise
 from tpu_pipeline.rl.verl_outputs import MetricsFollower, finish, has_chat_template
-from tpu_pipeline.train.tasks.rows import write_parquet
+from tpu_pipeline.schedule import lr_factor
+from tpu_pipeline.train.tasks.rows import read_parquet, write_parquet
 
 VERL_ENTRY = ["-m", "verl.trainer.main_ppo"]
 
@@ -97,11 +99,33 @@ def departures(cfg: RLConfig) -> list[str]:
                    "is not carried)")
     if t.max_nan_steps:
         out.append("trainer.max_nan_steps: VeRL does not stop on NaN losses")
+    if cfg.verl.strategy == "megatron":
+        out.append("optim.warmup_steps: Megatron's OptimizerParamScheduler warms up from its own init_lr_ratio; "
+                   "the local engine's schedule is mapped for the FSDP strategies only")
     return out
 
 
 def _b(v: bool) -> str:
     return "True" if v else "False"
+
+
+def schedule_overrides(cfg: RLConfig) -> list[str]:
+    """The local engine's learning-rate schedule in VeRL's optimizer keys.
+
+    The local engine's update k (1-based) runs at lr * min(1, k / warmup_steps)
+    (tpu_pipeline.schedule.lr_factor, min_ratio=1: constant after warm-up). VeRL's default
+    "constant" schedule (verl.utils.torch_functional.get_constant_schedule_with_warmup) runs
+    update k at lr * (k-1) / warmup: a first update at lr 0 and every warm-up step one behind
+    (it logs the rate after its scheduler step, so its metrics showed the local figures). Its
+    "cosine" schedule with zero_indexed_step=False counts from 1, and min_lr_ratio=1 removes
+    the decay: the same rates at every step (tests/rl/test_verl_engine_on_cpu.py steps both)."""
+    o = cfg.optim
+    return [
+        f"actor_rollout_ref.actor.optim.lr_warmup_steps={o.warmup_steps}",
+        "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+        "actor_rollout_ref.actor.optim.zero_indexed_step=False",
+        "actor_rollout_ref.actor.optim.min_lr_ratio=1.0",
+    ]
 
 
 def hydra_overrides(cfg: RLConfig, *, train_file: Path, val_file: Path, policy_path: str, out: Path,
@@ -126,7 +150,7 @@ def hydra_overrides(cfg: RLConfig, *, train_file: Path, val_file: Path, policy_p
         f"actor_rollout_ref.model.path={policy_path}",
         f"actor_rollout_ref.actor.strategy={v.strategy}",
         f"actor_rollout_ref.actor.optim.lr={o.lr}",
-        f"actor_rollout_ref.actor.optim.lr_warmup_steps={o.warmup_steps}",
+        *schedule_overrides(cfg),
         f"actor_rollout_ref.actor.optim.weight_decay={o.weight_decay}",
         f"actor_rollout_ref.actor.grad_clip={o.grad_clip}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
@@ -330,6 +354,37 @@ LOCAL_RAY_ENV = {"RAY_enable_worker_prestart": "0", "RAY_USAGE_STATS_ENABLED": "
 JOINED_TEMPLATE = "{{ messages | map(attribute='content') | join('\\n') }}"
 
 
+def prompt_template(tokenizer) -> str:
+    """The chat template that makes VeRL's agent loop feed a template-less policy the local
+    engine's prompt tokens. The local engine encodes the joined text with the tokenizer's own
+    special tokens (`tokenizer(text)`: BOS + characters for the char tokenizer); VeRL renders
+    the template and encodes it without them (apply_chat_template(tokenize=True)), so the
+    template writes the BOS the tokenizer would add. Without it the grpo_math warm start,
+    sampled by vLLM on the same 256 prompts x 8, scored 0.132 with 12.6% of responses at the
+    length limit instead of 0.204 and 0.0% (docs/BENCHMARKS.md)."""
+    ids = tokenizer("0")["input_ids"]
+    bos = tokenizer.bos_token_id
+    adds_bos = bos is not None and len(ids) > 1 and ids[0] == bos
+    return ("{{ bos_token }}" if adds_bos else "") + JOINED_TEMPLATE
+
+
+def prompt_tokens_differ(local: list[list[int]], tokenizer, problems, *, hf_model_type: str | None) -> str | None:
+    """Where VeRL's agent loop would tokenize a prompt differently from the local engine: None
+    when every prompt agrees, else one line naming the first that does not. `local`: the local
+    engine's ids (evaluate.encode_prompts, with the policy's own tokenizer); `tokenizer` carries
+    the chat template VeRL will apply; the comparison runs VeRL's own Continuous Token builder."""
+    # heavy: verl's tokenizer utilities import VeRL; only a VeRL launch needs them
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    builder = create_continuous_token_builder(tokenizer, hf_model_type=hf_model_type)
+    for i, (p, ids) in enumerate(zip(problems, local)):
+        messages = p.prompt if isinstance(p.prompt, list) else [{"role": "user", "content": p.prompt}]
+        theirs = list(builder.build_initial_tokens(messages))
+        if theirs != ids:
+            return f"prompt {i}: the local engine feeds {ids[:12]}, VeRL {theirs[:12]}"
+    return None
+
+
 def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, log: Callable[[str], None]) -> dict:
     accel = accelerator_here()
     if cfg.trainer.device in ("cuda", "tpu", "npu"):
@@ -350,16 +405,14 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
     ov, policy_path = prepare(cfg, out, log=log, device=device)
     if device == "cpu":
         ov = cpu_overrides(cfg, ov, out=out.resolve(), ray_tmp=ray_tmp)
-    if not has_chat_template(Path(policy_path)):
-        # VeRL's agent loop always applies a chat template; without one, the local engine's prompt text
-        _set(ov, "actor_rollout_ref.model.custom_chat_template", f'"{JOINED_TEMPLATE}"')
+    prompt_note = _prompt_tokens(cfg, ov, Path(policy_path), out / "verl" / "train.parquet")
     composed = compose(ov)
     yaml = OmegaConf.to_yaml(composed)
     atomic_write_text(out / "verl" / "ppo_trainer.yaml", yaml)
     cmd = command(ov, ray_address, python)
     result = {"engine": "verl", "command": shlex.join(cmd), "config": str(out / "verl" / "ppo_trainer.yaml"),
               "overrides": ov, "policy": str(policy_path), "dry_run": dry_run, "device": device,
-              "departures": departures(cfg)}
+              "departures": departures(cfg) + ([prompt_note] if prompt_note else [])}
     if dry_run:
         log(yaml)
         return result
@@ -377,7 +430,9 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
         env["RAY_ADDRESS"] = ray_address
     atomic_write_json(out / "config.json", to_dict(cfg))
 
-    follower = MetricsFollower(out, total_steps=cfg.trainer.steps, log=log)
+    o = cfg.optim  # the first update's rate, which VeRL does not log (see verl_outputs.VERL_NEXT_LR)
+    first_lr = o.lr * lr_factor(0, total=cfg.trainer.steps, warmup=o.warmup_steps, min_ratio=1.0)
+    follower = MetricsFollower(out, total_steps=cfg.trainer.steps, log=log, first_lr=first_lr)
     log_path = out / "verl" / "trainer.log"
     log(f"launching VeRL ({device}): {result['command']}\n  its log: {log_path}")
     t0 = time.time()
@@ -401,6 +456,29 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
         raise TrainerError(f"--engine verl: {outcome.stopped or diagnose(log_path)}{keep}; log: {log_path}")
     return finish(cfg, out, result, policy_path=Path(policy_path), checkpoint=_last_checkpoint(ckpts),
                   started=t0, log=log)
+
+
+def _prompt_tokens(cfg: RLConfig, ov: list[str], policy: Path, train_file: Path) -> str | None:
+    """Sets the chat template a template-less policy needs in `ov` (VeRL's agent loop always
+    applies one) and checks VeRL's prompt tokens against the local engine's on the first
+    training prompts; returns a departure line when they differ or cannot be checked."""
+    if not (policy / "config.json").is_file():  # a dry run before the warm start is trained
+        if not has_chat_template(policy):
+            _set(ov, "actor_rollout_ref.model.custom_chat_template", f'"{JOINED_TEMPLATE}"')
+        return (f"prompt tokens: not checked against the local engine's ({policy} does not exist yet; "
+                "its BOS is not known)")
+    # heavy: transformers; only a VeRL launch loads the policy's tokenizer here
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(policy, trust_remote_code=False)
+    problems = read_parquet(train_file)[:64]
+    local = encode_prompts(tok, problems, cfg.data.max_prompt_length, cfg.data.overlong_prompt)
+    if not has_chat_template(policy):
+        tok.chat_template = prompt_template(tok)
+        _set(ov, "actor_rollout_ref.model.custom_chat_template", f'"{tok.chat_template}"')
+    model_type = json.loads((policy / "config.json").read_text()).get("model_type")
+    differ = prompt_tokens_differ(local, tok, problems, hf_model_type=model_type)
+    return f"prompt tokens differ from the local engine's ({differ})" if differ else None
 
 
 def _last_checkpoint(ckpts: Path) -> Path | None:

@@ -35,11 +35,12 @@ VERL_KEYS = {
     "reward": "critic/rewards/mean",          # the reward advantages were computed on
     "score": "critic/score/mean",             # the verifier's score (reward before any shaping)
     "response_length": "response_length/mean",
-    "truncated": "response_length/clip_ratio",
+    # not "truncated": VeRL's response_length/clip_ratio is the share of responses as long as the
+    # batch's longest (metric_utils compares with responses.shape[-1], the padded width), which
+    # counts answers that ended with EOS; the local engine's is the share that never reached EOS
     "kl": "actor/kl_loss",
     "pg_loss": "actor/pg_loss",
     "grad_norm": "actor/grad_norm",
-    "lr": "actor/lr",
     "step_seconds": "timing_s/step",
     "rollout_seconds": "timing_s/gen",
     "update_seconds": "timing_s/update_actor",
@@ -47,11 +48,20 @@ VERL_KEYS = {
 }
 
 
-def local_row(step: int, data: dict, elapsed: float) -> dict:
+# VeRL's "actor/lr" is the rate its scheduler holds after the step (verl/workers/engine_workers.py
+# train_batch: lr_scheduler_step() returns get_last_lr() after stepping), i.e. the next update's; the
+# local engine's row "lr" is the rate this step's update ran at. MetricsFollower shifts it by one.
+VERL_NEXT_LR = "actor/lr"
+
+
+def local_row(step: int, data: dict, elapsed: float, lr: float | None = None) -> dict:
     """One VeRL metrics row in the local engine's schema. accuracy: the share of samples
     the verifier scored 1, from VeRL's per-sample score (the recipe's rewards score 0 or 1;
-    critic/score/mean is that share) when every score is 0/1 at its extremes."""
+    critic/score/mean is that share) when every score is 0/1 at its extremes. `lr`: the rate
+    this step's update ran at (see VERL_NEXT_LR)."""
     row = {"step": step}
+    if lr is not None:
+        row["lr"] = float(lr)
     for k, vk in VERL_KEYS.items():
         if isinstance(data.get(vk), (int, float)):
             row[k] = float(data[vk])
@@ -65,7 +75,8 @@ def local_row(step: int, data: dict, elapsed: float) -> dict:
 class MetricsFollower:
     """Follows DIR/verl/metrics.jsonl and appends DIR/metrics.jsonl rows as they come."""
 
-    def __init__(self, out: Path, *, total_steps: int, log: Callable[[str], None]):
+    def __init__(self, out: Path, *, total_steps: int, log: Callable[[str], None], first_lr: float | None = None):
+        """`first_lr`: the rate of the first update (VeRL logs each update's successor only)."""
         self.src = out / "verl" / "metrics.jsonl"
         self.writer = MetricsWriter(out, total_steps=total_steps, start_step=0, progress=False, description="rl",
                                     tb_prefix="rl", lines=False)
@@ -74,6 +85,7 @@ class MetricsFollower:
         self.seen = 0
         self.elapsed = 0.0
         self.rows: list[dict] = []
+        self.lr = first_lr  # the rate the next logged step's update ran at
 
     def poll(self) -> None:
         try:
@@ -89,7 +101,9 @@ class MetricsFollower:
             if "timing_s/step" not in data:
                 continue  # a validation-only row
             self.elapsed += float(data["timing_s/step"])
-            row = local_row(int(rec["step"]), data, round(self.elapsed, 3))
+            row = local_row(int(rec["step"]), data, round(self.elapsed, 3), self.lr)
+            if isinstance(data.get(VERL_NEXT_LR), (int, float)):
+                self.lr = float(data[VERL_NEXT_LR])
             self.writer.log(row)
             self.rows.append(row)
             self.log(f"step {row['step']}/{self.total}  reward {row.get('reward', float('nan')):.3f}  "

@@ -136,3 +136,94 @@ def test_cpu_host_without_the_extra_stops_early_exit_2(tmp_path, tiny_policy, mo
     assert r.exit_code == 2, r.output
     assert "install the verl-cpu extra" in r.output and "Traceback" not in r.output
     assert time.time() - t0 < 120  # never waits on Ray
+
+
+@pytest.mark.parametrize("warmup", [20, 0])
+def test_learning_rate_schedule_is_the_local_engines(tmp_path, tiny_policy, warmup):
+    """The rate each update runs at, step by step: VeRL's own FSDP engine scheduler built from
+    the composed config against the local engine's lr_at; the follower's rows name the same."""
+    from types import SimpleNamespace
+
+    import torch
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+    from tpu_pipeline.rl.engine import Engine
+    from tpu_pipeline.rl.recipe import load_recipe
+    from tpu_pipeline.rl.verl_bridge import compose, hydra_overrides
+    from tpu_pipeline.rl.verl_outputs import MetricsFollower
+
+    steps = 30
+    cfg = load_recipe("grpo_math", {"optim.warmup_steps": warmup, "trainer.steps": steps})
+    c = compose(hydra_overrides(cfg, train_file=tmp_path / "t.parquet", val_file=tmp_path / "v.parquet",
+                                policy_path=str(tiny_policy), out=tmp_path))
+
+    def verl_rates(optim_cfg):
+        oc = omega_conf_to_dataclass(optim_cfg)
+        oc.total_training_steps = steps  # what VeRL's trainer injects
+        opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=oc.lr)
+        sched = FSDPEngine._build_lr_scheduler(SimpleNamespace(optimizer_config=oc, rank=1), opt)
+        ran, logged = [], []
+        for _ in range(steps):  # engine_workers.train_batch: the update, then lr_scheduler_step()
+            ran.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+            logged.append(sched.get_last_lr()[0])
+        return ran, logged
+
+    local = [Engine.lr_at(SimpleNamespace(cfg=cfg), k) for k in range(steps)]
+    ran, logged = verl_rates(c.actor_rollout_ref.actor.optim)
+    assert ran == pytest.approx(local, rel=1e-12, abs=0)
+    if warmup:
+        assert local[0] == pytest.approx(3e-5 / warmup)
+        # VeRL's default "constant" schedule: the first update at lr 0, each warm-up step one behind
+        default = compose(hydra_overrides(cfg, train_file=tmp_path / "t.parquet", val_file=tmp_path / "v.parquet",
+                                          policy_path=str(tiny_policy), out=tmp_path)
+                          + ["actor_rollout_ref.actor.optim.lr_scheduler_type=constant"])
+        old_ran, _ = verl_rates(default.actor_rollout_ref.actor.optim)
+        assert old_ran[0] == 0.0 and old_ran[1] == pytest.approx(local[0])
+
+    # VeRL logs the rate after its scheduler step; metrics.jsonl rows carry the rate the update ran at
+    (tmp_path / "verl").mkdir()
+    (tmp_path / "verl" / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": k + 1, "data": {"timing_s/step": 1.0, "actor/lr": lr}}) + "\n"
+        for k, lr in enumerate(logged)))
+    f = MetricsFollower(tmp_path, total_steps=steps, log=lambda m: None, first_lr=local[0])
+    f.close()
+    assert [r["lr"] for r in f.rows] == pytest.approx(local, rel=1e-12, abs=0)
+
+
+def test_verl_feeds_the_local_engines_prompt_tokens(dry, tiny_policy, tmp_path):
+    """VeRL's agent loop (its HFModelConfig applying the launch's chat template, its Continuous
+    Token builder) tokenizes each training prompt as the local engine does: BOS first."""
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    from tpu_pipeline.rl.evaluate import encode_prompts
+    from tpu_pipeline.rl.verl_bridge import JOINED_TEMPLATE, prompt_tokens_differ
+    from .chat_models import save_chat_policy
+    from tpu_pipeline.train.tasks.rows import read_parquet
+
+    out, res = dry
+    problems = read_parquet(out / "verl" / "train.parquet")
+    local_tok = AutoTokenizer.from_pretrained(tiny_policy)
+    local = encode_prompts(local_tok, problems, 32, "refuse")
+    assert all(ids[0] == local_tok.bos_token_id for ids in local)
+
+    mc = omega_conf_to_dataclass(OmegaConf.load(res["config"]).actor_rollout_ref.model)
+    builder = create_continuous_token_builder(mc.tokenizer, hf_model_type=mc.hf_config.model_type)
+    assert [list(builder.build_initial_tokens(p.prompt)) for p in problems] == local
+    assert not any("prompt tokens" in d for d in res["departures"])
+
+    # the template without the BOS (before the fix) is caught, naming the first prompt
+    local_tok.chat_template = JOINED_TEMPLATE
+    differ = prompt_tokens_differ(local, local_tok, problems, hf_model_type="llama")
+    assert differ and differ.startswith("prompt 0: the local engine feeds [1, ")
+
+    # a policy with its own chat template: the local engine renders it as VeRL does
+    chat = save_chat_policy(tmp_path / "chat")
+    ctok = AutoTokenizer.from_pretrained(chat)
+    cl = encode_prompts(ctok, problems, 64, "refuse")
+    assert prompt_tokens_differ(cl, ctok, problems, hf_model_type="llama") is None
