@@ -4,6 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VERL_VENV := .venv-verl
 VERL_BIN := $(VERL_VENV)/bin
+VERL_DEPS := $(VERL_VENV)/.deps-installed
 VERL_STAMP := $(VERL_VENV)/.installed
 WEB := convert/web
 WEB_STAMP := $(WEB)/node_modules/.installed
@@ -24,12 +25,18 @@ $(STAMP): pyproject.toml constraints.txt
 # their imports fail ("torchvision::nms does not exist") and transformers/vLLM import them when present,
 # so they are removed. rl/vllm_dist is the `vllm` distribution record VeRL reads (built from a copy:
 # nothing is written into the tree).
-$(VERL_STAMP): pyproject.toml constraints.txt rl/vllm_dist/pyproject.toml
+# The dependencies install beside .venv's (`make install` runs two jobs); the project's editable install
+# writes tpu_pipeline.egg-info into the tree, as .venv's does, so it waits for .venv (order-only: a new
+# .venv alone does not reinstall it).
+$(VERL_DEPS): pyproject.toml constraints.txt
 	test -x $(VERL_BIN)/python || $(PY) -m venv $(VERL_VENV)
 	$(VERL_BIN)/python -m pip install -q --upgrade pip
 	$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['verl-cpu']))" > $(VERL_VENV)/verl-cpu.txt
 	$(VERL_BIN)/python -m pip install -q -c constraints.txt -r $(VERL_VENV)/verl-cpu.txt
 	$(VERL_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VERL_DEPS)
+
+$(VERL_STAMP): $(VERL_DEPS) rl/vllm_dist/pyproject.toml | $(STAMP)
 	$(VERL_BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	rm -rf $(VERL_VENV)/vllm_dist && cp -r rl/vllm_dist $(VERL_VENV)/vllm_dist
 	$(VERL_BIN)/python -m pip install -q --no-deps --no-build-isolation $(VERL_VENV)/vllm_dist
@@ -50,7 +57,10 @@ browser: $(WEB_STAMP)
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium libvulkan1 >/dev/null) ; } || \
 	  echo "chromium or libvulkan1 could not be installed: browser parity will be skipped, the GPU checks say why they did not run"
 
-install: $(STAMP) $(VERL_STAMP) browser
+# Each pip install keeps about one core busy (unzipping, compiling bytecode), so the two venvs' installs
+# run side by side: two jobs, their logs interleaved by whole lines.
+install:
+	@$(MAKE) --no-print-directory -j2 --output-sync=line $(STAMP) $(VERL_STAMP) browser
 
 demo: install
 	$(BIN)/tpu-pipeline doctor
@@ -73,9 +83,12 @@ lint: $(STAMP)
 
 # Two workers, whole files each (--dist loadfile): most tests wait on a child process (TFLM,
 # Chromium, the GPU worker, VeRL's Ray cluster) or run single-threaded export code, so two
-# overlap on the two cores; the slowest tests are listed at the end (--durations).
-test: install lint
-	$(BIN)/pytest -q -n 2 --dist loadfile --durations=25
+# overlap on the two cores; the slowest tests are listed at the end (--durations), then each worker's
+# seconds. The longest files start first, in tests/conftest.py's LONG_FILES order (kept by
+# --no-loadscope-reorder; xdist would sort the files by their number of tests).
+test: install
+	@$(MAKE) --no-print-directory lint
+	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) dist build *.egg-info $(WEB)/node_modules

@@ -10,16 +10,32 @@ import pytest
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 
-# Files that run for minutes (real VeRL launches): collected first, so that with `make test`'s two
-# workers (pytest-xdist, whole files per worker) one worker runs them while the other runs the rest,
-# instead of them starting last and running alone.
-LONG_FILES = ("tests/rl/test_verl_launch_on_cpu.py",)
+# The files that run longest (from the slowest tests of a fresh-clone `make test`, 2026-12-01; its
+# summary prints the seconds per file), longest first:
+# collected first and in this order, so that `make test`'s two workers (pytest-xdist, whole files per
+# worker; --no-loadscope-reorder keeps this order, xdist would otherwise sort files by how many tests
+# they hold) start them early, one each, and finish on short files instead of one running a long file
+# alone at the end.
+LONG_FILES = (
+    "tests/rl/test_verl_launch_on_cpu.py",  # two real VeRL launches
+    "tests/convert/test_lm_families_on_cpu.py",  # seven .litertlm exports in one child process
+    "tests/convert/test_lm_export.py",
+    "tests/convert/test_litertlm_on_cpu.py",
+    "tests/convert/test_kinds_on_cpu.py",
+    "tests/rl/test_resume_on_cpu.py",
+    "tests/train/test_resume_on_cpu.py",
+)
+
+
+def _long_first(item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    return LONG_FILES.index(path) if path in LONG_FILES else len(LONG_FILES)
 
 
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    items.sort(key=lambda item: not item.nodeid.startswith(LONG_FILES))  # stable: the rest keep their order
+    items.sort(key=_long_first)  # stable: the rest keep their order
 
     has_cuda = torch.cuda.is_available()
     has_tpu = hasattr(torch, "tpu") and torch.tpu.is_available()
@@ -28,6 +44,30 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "tpu" in item.keywords and not has_tpu:
             item.add_marker(pytest.mark.skip(reason="needs a TPU"))
+
+
+# Seconds of setup + call + teardown per xdist worker and per file, reported by the controller at the
+# end of `make test`: the balance of the workers (and which files to list in LONG_FILES) is read from it.
+_BUSY: dict[str, dict[str, float]] = {}
+
+
+def pytest_runtest_logreport(report):
+    node = getattr(report, "node", None)  # set by xdist on the controller; absent in a plain run
+    worker = node.gateway.id if node is not None else "main"
+    files = _BUSY.setdefault(worker, {})
+    path = report.nodeid.split("::", 1)[0]
+    files[path] = files.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _BUSY or hasattr(terminalreporter.config, "workerinput"):
+        return
+    terminalreporter.section("seconds per worker (setup + call + teardown)")
+    for worker, files in sorted(_BUSY.items()):
+        first = ", ".join(list(files)[:3])  # in the order the worker ran them
+        terminalreporter.write_line(f"{worker}: {sum(files.values()):.0f} s in {len(files)} files (first: {first})")
+    slowest = sorted(((s, f) for files in _BUSY.values() for f, s in files.items()), reverse=True)[:15]
+    terminalreporter.write_line("slowest files: " + ", ".join(f"{f} {s:.0f}" for s, f in slowest))
 
 
 @pytest.fixture(autouse=True)
