@@ -8,6 +8,11 @@ kernels and their coverage, not a phone GPU's float16 numerics. The web target's
 parity uses this when a Chromium and the npm package are present; callers
 decide what to do when `browser_unavailable()` gives a reason.
 
+A conversion opens one `session()`: a single Chromium (WebGPU flags when a profile asks for
+WebGPU) started before the export, whose page loads LiteRT.js (and makes its WebGPU device)
+while the export runs, then runs every job of the conversion (wasm, WebGPU, LM generations),
+several at once; without a session each call starts and stops its own browser.
+
 Environment (user settings, not test hooks): TPU_PIPELINE_CHROMIUM names the
 browser binary (default: the first of CHROMIUM_NAMES on PATH);
 TPU_PIPELINE_LITERTJS_DIR names a node_modules folder holding @litertjs/core
@@ -17,18 +22,26 @@ TPU_PIPELINE_LITERTJS_DIR names a node_modules folder holding @litertjs/core
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import http.server
+import itertools
 import json
 import os
+import queue
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
+import time
+import urllib.parse
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
+from tpu_pipeline.convert import overlap
 from tpu_pipeline.errors import ConversionError
 
 WEB_DIR = Path(__file__).parent / "web"
@@ -127,6 +140,14 @@ def _run_job(model: bytes | str | Path, job: dict, timeout: float) -> dict:
     if reason:
         raise ConversionError(f"browser runtime unavailable: {reason}")
     model_bytes = Path(model).read_bytes() if isinstance(model, (str, Path)) else model
+    active = _active[-1] if _active else None
+    if active is not None and (job.get("accelerator") != "webgpu" or active.webgpu):
+        with overlap.waiting():  # Chromium works on the job: the next target's turn meanwhile
+            result = active.run(model_bytes, job, timeout)
+        if not result.get("ok"):
+            raise ConversionError("LiteRT.js failed in the browser: "
+                                  f"{(result.get('error') or 'no result').splitlines()[0]}")
+        return result
     with tempfile.TemporaryDirectory(prefix="tpp-web-") as tmp:
         site = Path(tmp) / "site"
         site.mkdir()
@@ -134,10 +155,205 @@ def _run_job(model: bytes | str | Path, job: dict, timeout: float) -> dict:
         os.symlink(litertjs_dir(), site / "node_modules")
         (site / "model.tflite").write_bytes(model_bytes)
         (site / "job.json").write_text(json.dumps({"model": "model.tflite", **job}))
-        result = _serve_and_wait(site, Path(tmp) / "profile", timeout, job.get("accelerator", "wasm"))
+        with overlap.waiting():
+            result = _serve_and_wait(site, Path(tmp) / "profile", timeout, job.get("accelerator", "wasm"))
     if not result.get("ok"):
         raise ConversionError(f"LiteRT.js failed in the browser: {result.get('error', 'no result').splitlines()[0]}")
     return result
+
+
+def _flags(webgpu: bool) -> tuple[str, ...]:
+    return (*(f for f in CHROMIUM_FLAGS if f != "--disable-gpu"), *WEBGPU_FLAGS) if webgpu else CHROMIUM_FLAGS
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Chromium and its helpers (they exit with their browser process), stopped and reaped."""
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """A session's Chromium, started in its own process group, and every helper it forked: killed
+    at once (its graceful shutdown cost 0.7-1 s at the end of each conversion, and the profile
+    folder it would save is deleted anyway), then reaped."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+_active: list[Session] = []  # the open session, if any (a list: session() restores the one before it)
+SESSION_POLL_S = 20.0  # the page's long poll for its next job: answered empty after this, and asked again
+
+
+class Session:
+    """One headless Chromium serving many jobs: the page (index.html?session) loads LiteRT.js once,
+    then asks the server here for jobs and runs each as it comes, several at once (a WebGPU compile
+    waits on the GPU process while a wasm job runs in the page). `run` submits one and waits for its
+    result; a browser that exits or never answers fails the job (ConversionError), never hangs it.
+    `close` stops the browser and fails any job still waiting."""
+
+    def __init__(self, *, webgpu: bool):
+        self.webgpu = webgpu
+        self._jobs: queue.Queue = queue.Queue()
+        self._waiting: dict[str, concurrent.futures.Future] = {}
+        self._models: dict[str, bytes] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._tmp = Path(tempfile.mkdtemp(prefix="tpp-web-session-"))
+        site = self._tmp / "site"
+        site.mkdir()
+        shutil.copy(WEB_DIR / "index.html", site / "index.html")
+        os.symlink(litertjs_dir(), site / "node_modules")
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler(site))
+        self.server.daemon_threads = True
+        # a short poll: shutdown() waits for it, at the end of every conversion
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+                         name="tpp-browser-server").start()
+        url = f"http://127.0.0.1:{self.server.server_address[1]}/index.html?session"
+        try:
+            self.proc = subprocess.Popen([chromium_path(), *_flags(webgpu), f"--user-data-dir={self._tmp / 'profile'}",
+                                          url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
+        except BaseException:
+            self._shutdown_server()
+            raise
+
+    def _handler(self, site: Path):
+        session = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *a, **kw):
+                super().__init__(*a, directory=str(site), **kw)
+
+            def do_GET(self):
+                path = urllib.parse.urlparse(self.path).path
+                if path == "/next":
+                    return self._json(session._next())
+                if path.startswith("/models/"):
+                    data = session._models.get(path[len("/models/"):].removesuffix(".tflite"))
+                    if data is None:
+                        return self.send_error(404)
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/octet-stream")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    return self.wfile.write(data)
+                return super().do_GET()
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                url = urllib.parse.urlparse(self.path)
+                if url.path == "/result":
+                    job_id = urllib.parse.parse_qs(url.query).get("id", [""])[0]
+                    session._finish(job_id, json.loads(body or b"{}"))
+                self.send_response(204)
+                self.end_headers()
+
+            def _json(self, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        Handler.extensions_map = {**Handler.extensions_map, ".wasm": "application/wasm", ".js": "text/javascript"}
+        return Handler
+
+    def _next(self) -> dict:
+        if self._closed.is_set():
+            return {"close": True}
+        try:
+            return self._jobs.get(timeout=SESSION_POLL_S)
+        except queue.Empty:
+            return {"close": True} if self._closed.is_set() else {}
+
+    def _finish(self, job_id: str, result: dict) -> None:
+        with self._lock:
+            self._models.pop(job_id, None)
+            fut = self._waiting.pop(job_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(result)
+
+    def run(self, model: bytes, job: dict, timeout: float) -> dict:
+        """The page's result for one job ({"ok": ..., ...}), or ConversionError when the browser
+        exited, the session closed or no result came within `timeout` seconds."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._closed.is_set():
+                raise ConversionError("the browser session is closed")
+            job_id = str(next(self._ids))
+            self._models[job_id], self._waiting[job_id] = model, fut
+        self._jobs.put({**job, "id": job_id, "model": f"models/{job_id}.tflite"})
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return fut.result(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            except concurrent.futures.TimeoutError:
+                pass
+            status = self.proc.poll()
+            if status is not None or self._closed.is_set() or time.monotonic() >= deadline:
+                with self._lock:
+                    self._models.pop(job_id, None)
+                    self._waiting.pop(job_id, None)
+                if status is not None:
+                    raise ConversionError(f"the browser exited (status {status}) before giving a result")
+                if self._closed.is_set():
+                    raise ConversionError("the browser session closed before giving a result")
+                raise ConversionError(f"the browser gave no result within {timeout:.0f} s")
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._jobs.put({"close": True})  # answers a long poll now rather than after SESSION_POLL_S
+        with self._lock:
+            waiting, self._waiting, self._models = list(self._waiting.values()), {}, {}
+        for fut in waiting:
+            if not fut.done():
+                fut.set_exception(ConversionError("the browser session closed before giving a result"))
+        try:
+            _kill_group(self.proc)
+        finally:
+            self._shutdown_server()
+
+    def _shutdown_server(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def close_sessions() -> None:
+    """Stops every open session's browser now (a conversion that is stopping): the runs waiting on
+    it fail at once instead of at their timeout. session() still closes each on its way out."""
+    for s in list(_active):
+        s.close()
+
+
+@contextlib.contextmanager
+def session(*, webgpu: bool) -> Iterator[Session | None]:
+    """One browser for every LiteRT.js run inside the block (run_litertjs*, generate_litertjs),
+    started now so that it loads while the caller works; None (and each run starts its own) when
+    the browser runtime is unavailable, whose reason each run then reports. Closed on exit, on an
+    error or an interrupt too: no Chromium outlives the block."""
+    if browser_unavailable():
+        yield None
+        return
+    s = Session(webgpu=webgpu)
+    _active.append(s)
+    try:
+        yield s
+    finally:
+        _active.remove(s)
+        s.close()
 
 
 def _serve_and_wait(site: Path, profile: Path, timeout: float, accelerator: str = "wasm") -> dict:
@@ -163,19 +379,13 @@ def _serve_and_wait(site: Path, profile: Path, timeout: float, accelerator: str 
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}/index.html"
-    flags = CHROMIUM_FLAGS if accelerator == "wasm" else (
-        *(f for f in CHROMIUM_FLAGS if f != "--disable-gpu"), *WEBGPU_FLAGS)
-    proc = subprocess.Popen([chromium_path(), *flags, f"--user-data-dir={profile}", url],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([chromium_path(), *_flags(accelerator != "wasm"), f"--user-data-dir={profile}", url],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         if not done.wait(timeout):
             raise ConversionError(f"the browser gave no result within {timeout:.0f} s")
         return box
     finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-        if proc.poll() is None:
-            proc.kill()
+        _stop(proc)
         server.shutdown()
         server.server_close()

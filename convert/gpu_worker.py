@@ -3,7 +3,9 @@
 The accelerator (libLiteRtWebGpuAccelerator.so: ML Drift over WebGPU/Dawn) is
 native code that talks to a Vulkan driver: a driver that hangs or aborts must
 cost the parent a timeout or an exit status, never the conversion itself.
-Usage: python gpu_worker.py MODEL.tflite JOB.json INPUTS.npz OUTPUTS.npz STATUS.json
+Usage: python gpu_worker.py MODEL.tflite JOB.json INPUTS.npz OUTPUTS.npz STATUS.json, or with no
+arguments: the five paths as one JSON list on stdin (a worker started ahead of its job, whose
+imports are done by the time the job is known).
 JOB.json: {"signature": key, "inputs": [signature input keys], "outputs": [output keys]}.
 INPUTS.npz holds in_<input>_<sample> arrays (already in the artifact's dtypes);
 OUTPUTS.npz gets out_<output>_<sample>. STATUS.json: {"started": bool,
@@ -60,4 +62,4 @@ def main(model_path, job_path, inputs_path, outputs_path, status_path):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*(sys.argv[1:6] if len(sys.argv) > 1 else json.loads(sys.stdin.readline() or "[]")[:5]))

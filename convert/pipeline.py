@@ -15,6 +15,8 @@ passed its checks.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import importlib.metadata
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 
 from tpu_pipeline import files
-from tpu_pipeline.convert import checks, int8_ranges, output_kinds
+from tpu_pipeline.convert import browser, checks, int8_ranges, output_kinds, overlap
 from tpu_pipeline.convert.iot.firmware import measure_arena, suggested_arena, write_c_array
 from tpu_pipeline.convert.kinds import ModelKind, Progress, detection_order
 from tpu_pipeline.convert.lm import kind as _lm_kind  # noqa: F401 - registers CausalLMKind (see model_kind)
@@ -39,6 +41,7 @@ from tpu_pipeline.convert.options import FLAGS, ConvertOptions
 from tpu_pipeline.convert.quantize import RANGE_ESTIMATORS, quantize
 from tpu_pipeline.convert.report import render_html
 from tpu_pipeline.convert.result import Artifact, ConvertResult, Parity, TargetResult
+from tpu_pipeline.convert.runtimes import gpu_worker_ahead
 from tpu_pipeline.convert.snippets import write_snippet
 from tpu_pipeline.convert.targets import TargetProfile, load_profiles, resolve_targets
 from tpu_pipeline.convert.tflite_info import inspect_model, module_path
@@ -148,7 +151,22 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
         raise UserError(f"none of the targets {', '.join(skipped)} takes {kind.noun}: {next(iter(skipped.values()))}")
     torch.manual_seed(o.seed)
     rng = np.random.default_rng(o.seed)
-    if in_memory:
+    with contextlib.ExitStack() as children:
+        if any(p.browser_parity for p in wanted):
+            # Chromium starts now and loads LiteRT.js (and its WebGPU device) while the model loads and
+            # exports on this thread; every browser run of this conversion then uses it (browser.session)
+            children.enter_context(browser.session(webgpu=any(p.webgpu != "off" for p in wanted if p.browser_parity)))
+        if issubclass(kind, ModuleKind) and any(p.gpu_accelerator != "off" and p.runtime != "tflite-micro"
+                                                for p in wanted):
+            children.enter_context(gpu_worker_ahead())  # the GPU worker's imports, meanwhile, on the idle core
+        return _convert(kind, model, sample_args, o, label, model_path if not in_memory else None, out_dir, wanted,
+                        skipped, rng, say, t0)
+
+
+def _convert(kind: type[ModelKind], model, sample_args, o: ConvertOptions, label: str, model_path: Path | None,
+             out_dir: Path, wanted: list[TargetProfile], skipped: dict, rng: np.random.Generator, say: Progress,
+             t0: float) -> ConvertResult:
+    if model_path is None:
         loaded = ModuleKind.from_loaded(load_object(model, sample_args), o, rng)
     else:
         loaded = kind.load(model_path, o, rng, say)
@@ -162,7 +180,7 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
         run = _Run(model=loaded, float_model=float_model, o=o, work=work, say=say)
         gate_prof = _gate_profile(wanted, load_profiles(o.profile_dir))
         gate = _float_gate(run, gate_prof)
-        results = [_guarded_target(prof, run, gate) for prof in wanted]
+        results = _targets(wanted, run, gate)
         report = {"model": label, "kind": kind.name, **loaded.report_fields(), "warnings": warnings,
                   "export_s": export_s, "versions": _versions(), "float_export": _gate_json(gate_prof, gate),
                   "targets": {}, "skipped_targets": skipped}
@@ -203,6 +221,33 @@ def _html(report: dict) -> str:
         report["warnings"].append(f"report.html could not be rendered ({_why(e)}); report.json holds the report")
         return (f"<!doctype html><meta charset=utf-8><title>tpu-pipeline convert</title><p>report.html could not be "
                 f"rendered ({escape(_why(e))}); see report.json beside it.</p>")
+
+
+def _targets(wanted: list[TargetProfile], run: _Run, gate: Parity | None) -> list[TargetResult]:
+    """Every target's result, in `wanted` order. Each target runs in its own thread, taking turns on
+    this process's work (overlap.Turns): while one waits on a child process (Chromium, the GPU
+    accelerator, TFLM), the next does its own work on the other core. Targets whose checks wait
+    longest on children (the browser, then the GPU accelerator) take their turns first, so their
+    children start early; the rest follow in report order. A target that raises (UserError) stops
+    the others at their next turn; every thread has ended when this returns or raises."""
+    if len(wanted) == 1:
+        return [_guarded_target(wanted[0], run, gate)]
+    first = sorted(range(len(wanted)), key=lambda i: (not wanted[i].browser_parity,
+                                                      wanted[i].gpu_accelerator == "off", i))
+    rank = {i: r for r, i in enumerate(first)}
+    turns = overlap.Turns(len(wanted))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="tpp-target") as pool:
+        futures = [pool.submit(turns.run, rank[i], _guarded_target, prof, run, gate) for i, prof in enumerate(wanted)]
+        try:
+            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            failed = next((f for f in futures if f.done() and f.exception() is not None), None)
+            if failed is not None:
+                raise failed.exception()
+            return [f.result() for f in futures]
+        except BaseException:
+            turns.cancel()  # the others start no more work; the pool waits for them to end,
+            browser.close_sessions()  # and one waiting on the browser is answered now, not at its timeout
+            raise
 
 
 def _guarded_target(prof: TargetProfile, run: _Run, gate: Parity | None) -> TargetResult:
@@ -664,17 +709,19 @@ class _Clock:
     """`with clock("stage"):` adds the stage's wall seconds to a dict (the report's timings_s)."""
 
     def __init__(self, into: dict):
-        self.into, self.name, self.t = into, None, 0.0
+        self.into, self.name, self.t, self.waited = into, None, 0.0, 0.0
 
     def __call__(self, name: str):
         self.name = name
         return self
 
     def __enter__(self):
-        self.t = time.perf_counter()
+        self.t, self.waited = time.perf_counter(), overlap.turn_wait_s()
 
     def __exit__(self, *exc):
-        self.into[self.name] = self.into.get(self.name, 0.0) + time.perf_counter() - self.t
+        # less the time this target waited while other targets had their turn (overlap.py)
+        spent = time.perf_counter() - self.t - (overlap.turn_wait_s() - self.waited)
+        self.into[self.name] = self.into.get(self.name, 0.0) + spent
 
 
 def _versions() -> dict:

@@ -7,21 +7,25 @@ fed as the int32 the artifact declares."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
+from tpu_pipeline.convert import overlap
 from tpu_pipeline.convert.tflite_info import IOTensor, ModelInfo
 from tpu_pipeline.errors import ConversionError
 
@@ -127,9 +131,10 @@ def run_micro(model: bytes, info: ModelInfo, samples: list[Sample], arena_bytes:
                 feed[f"in_{t.position}_{s}"] = to_artifact(x, t)
         np.savez(d / "in.npz", **feed)
         env = dict(os.environ, PYTHONPATH="")
-        proc = subprocess.run([sys.executable, str(worker), str(d / "model.tflite"), str(d / "in.npz"),
-                               str(d / "out.npz"), str(arena_bytes), str(len(info.outputs))],
-                              capture_output=True, text=True, timeout=600, env=env)
+        with overlap.waiting():  # TFLM works in its child: the next target's turn meanwhile
+            proc = subprocess.run([sys.executable, str(worker), str(d / "model.tflite"), str(d / "in.npz"),
+                                   str(d / "out.npz"), str(arena_bytes), str(len(info.outputs))],
+                                  capture_output=True, text=True, timeout=600, env=env)
         if proc.returncode != 0 or not (d / "out.npz").exists():
             lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
             # TFLM prints its own reason (arena, missing op) before dying; Python's traceback is noise.
@@ -186,6 +191,59 @@ def gpu_environment() -> tuple[dict[str, str], str | None]:
     return env, None
 
 
+class _GpuWorker:
+    """One gpu_worker.py child started before its job is known (it imports ai-edge-litert
+    meanwhile) and given the job's paths on stdin; it runs one job and exits."""
+
+    def __init__(self, env: dict[str, str]):
+        self.dir = Path(tempfile.mkdtemp(prefix="tpu-pipeline-gpu-"))
+        runtime_dir = self.dir / "xdg"  # Dawn/Vulkan want a private, writable XDG_RUNTIME_DIR
+        runtime_dir.mkdir(mode=0o700)
+        self.env = {**env, "XDG_RUNTIME_DIR": str(runtime_dir)}
+        worker = Path(__file__).parent / "gpu_worker.py"  # by file: the child needs none of tpu_pipeline
+        self.proc = subprocess.Popen([sys.executable, str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=self.env)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_ahead: list[_GpuWorker] = []  # workers started by gpu_worker_ahead(), not yet given a job
+
+
+@contextlib.contextmanager
+def gpu_worker_ahead() -> Iterator[None]:
+    """Starts one GPU worker now, so that its start-up (a Python, ai-edge-litert's import) runs
+    while the caller exports; the first run_gpu inside the block takes it. One not taken is
+    stopped on the way out, on an error or an interrupt too. Nothing starts where the
+    accelerator cannot (run_gpu then says why)."""
+    env, why = gpu_environment()
+    if why:
+        yield
+        return
+    w = _GpuWorker(env)
+    _ahead.append(w)
+    try:
+        yield
+    finally:
+        if w in _ahead:
+            _ahead.remove(w)
+            w.close()
+
+
+def _take_worker(env: dict[str, str]) -> _GpuWorker:
+    """The worker started ahead, if one is waiting with this environment, else a new one."""
+    for w in list(_ahead):
+        if {k: v for k, v in w.env.items() if k != "XDG_RUNTIME_DIR"} == env:
+            with contextlib.suppress(ValueError):
+                _ahead.remove(w)
+                return w
+    return _GpuWorker(env)
+
+
 def run_gpu(model: bytes, info: ModelInfo, samples: list[Sample], *, timeout: float = GPU_TIMEOUT_S) -> GpuRun:
     """All samples through LiteRT's GPU accelerator in one child process (gpu_worker.py):
     a driver that crashes or hangs becomes a reason, never an exception or a hang here."""
@@ -193,41 +251,44 @@ def run_gpu(model: bytes, info: ModelInfo, samples: list[Sample], *, timeout: fl
     icd = env.get("VK_ICD_FILENAMES")
     if why:
         return GpuRun(started=False, reason=why, vulkan_icd=icd)
-    worker = Path(__file__).parent / "gpu_worker.py"  # by file: the child needs none of tpu_pipeline
-    with tempfile.TemporaryDirectory(prefix="tpu-pipeline-gpu-") as d:
-        d = Path(d)
-        runtime_dir = d / "xdg"  # Dawn/Vulkan want a private, writable XDG_RUNTIME_DIR
-        runtime_dir.mkdir(mode=0o700)
-        env["XDG_RUNTIME_DIR"] = str(runtime_dir)
-        (d / "model.tflite").write_bytes(model)
-        (d / "job.json").write_text(json.dumps({"signature": "serving_default",
-                                                "inputs": [t.key for t in info.inputs],
-                                                "outputs": [t.key for t in info.outputs]}))
-        np.savez(d / "in.npz", **{f"in_{i}_{s}": to_artifact(x, t) for s, sample in enumerate(samples)
-                                  for i, (x, t) in enumerate(zip(sample, info.inputs))})
-        args = [sys.executable, str(worker), *(str(d / n) for n in ("model.tflite", "job.json", "in.npz",
-                                                                   "out.npz", "status.json"))]
-        try:
-            proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
-            log, code = proc.stdout + proc.stderr, proc.returncode
-        except subprocess.TimeoutExpired as e:
-            log, code = _text(e.stdout) + _text(e.stderr), None
-        status = json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {}
-        adapter = re.search(r"Selected adapter: ([^,\n]+)", log)
-        run = GpuRun(started=bool(status.get("started")), fully_accelerated=status.get("fully_accelerated"),
-                     adapter=adapter.group(1).strip() if adapter else None, vulkan_icd=icd)
-        run.fallback_ops, run.split = _gpu_fallback(log)
-        if code is None:
-            run.reason = f"the GPU accelerator gave no result within {timeout:.0f} s"
-        elif status.get("error") or code != 0 or not (d / "out.npz").exists():
-            cause = _gpu_log_reason(log) or status.get("error") or f"exit status {code}"
-            run.reason = (f"the GPU accelerator failed during a run: {cause}" if run.started
-                          else f"the GPU accelerator did not start: {cause}")
-        else:
-            data = np.load(d / "out.npz")
-            run.outputs = [[from_artifact(data[f"out_{j}_{s}"], t) for j, t in enumerate(info.outputs)]
-                           for s in range(len(samples))]
-        return run
+    worker = _take_worker(env)
+    try:
+        return _run_on(worker, model, info, samples, timeout, icd)
+    finally:
+        worker.close()
+
+
+def _run_on(worker: _GpuWorker, model: bytes, info: ModelInfo, samples: list[Sample], timeout: float,
+            icd: str | None) -> GpuRun:
+    d = worker.dir
+    (d / "model.tflite").write_bytes(model)
+    (d / "job.json").write_text(json.dumps({"signature": "serving_default",
+                                            "inputs": [t.key for t in info.inputs],
+                                            "outputs": [t.key for t in info.outputs]}))
+    np.savez(d / "in.npz", **{f"in_{i}_{s}": to_artifact(x, t) for s, sample in enumerate(samples)
+                              for i, (x, t) in enumerate(zip(sample, info.inputs))})
+    paths = [str(d / n) for n in ("model.tflite", "job.json", "in.npz", "out.npz", "status.json")]
+    try:
+        log, _ = worker.proc.communicate(json.dumps(paths) + "\n", timeout=timeout)
+        code = worker.proc.returncode
+    except subprocess.TimeoutExpired as e:
+        log, code = _text(e.stdout), None
+    status = json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {}
+    adapter = re.search(r"Selected adapter: ([^,\n]+)", log)
+    run = GpuRun(started=bool(status.get("started")), fully_accelerated=status.get("fully_accelerated"),
+                 adapter=adapter.group(1).strip() if adapter else None, vulkan_icd=icd)
+    run.fallback_ops, run.split = _gpu_fallback(log)
+    if code is None:
+        run.reason = f"the GPU accelerator gave no result within {timeout:.0f} s"
+    elif status.get("error") or code != 0 or not (d / "out.npz").exists():
+        cause = _gpu_log_reason(log) or status.get("error") or f"exit status {code}"
+        run.reason = (f"the GPU accelerator failed during a run: {cause}" if run.started
+                      else f"the GPU accelerator did not start: {cause}")
+    else:
+        data = np.load(d / "out.npz")
+        run.outputs = [[from_artifact(data[f"out_{j}_{s}"], t) for j, t in enumerate(info.outputs)]
+                       for s in range(len(samples))]
+    return run
 
 
 def _text(b: bytes | str | None) -> str:

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from tpu_pipeline.convert import checks
+from tpu_pipeline.convert import checks, overlap
 from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs_on
 from tpu_pipeline.convert.runtimes import GPU_RUNTIME, GpuRun, Sample, from_artifact, run_gpu, to_artifact
 from tpu_pipeline.convert.targets import TargetProfile
@@ -60,6 +60,8 @@ class Pending:
 
     def fold(self, res: dict, warnings: list[str], judge: Judge, cpu_got: list[list[np.ndarray]]) -> None:
         cpu_got = cpu_got[:len(self.samples)]
+        with overlap.waiting():  # the children still compiling or running: the next target's turn meanwhile
+            concurrent.futures.wait([f for f in (self.gpu, self.webgpu) if f is not None])
         if self.gpu is not None:
             res["gpu_accelerator"] = rec = self._gpu_record(_result(self.gpu), judge, cpu_got)
             apply(rec, res, warnings, required=self.prof.gpu_accelerator == "require", label="GPU accelerator")

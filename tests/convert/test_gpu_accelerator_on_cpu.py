@@ -13,12 +13,14 @@ import pytest
 import torch
 
 import tpu_pipeline.convert as tc
+from tpu_pipeline.convert import browser
 from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs_on
 from tpu_pipeline.convert.runtimes import gpu_environment, run_gpu
 from tpu_pipeline.convert.targets import profile_dir
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.errors import EXIT_PARITY
 from tpu_pipeline.testing.model_files import tiny_cnn_tflite
+from tpu_pipeline.testing.processes import descendants
 
 _NO_GPU = gpu_environment()[1]
 needs_gpu = pytest.mark.skipif(_NO_GPU is not None, reason=f"GPU accelerator: {_NO_GPU}")
@@ -44,6 +46,13 @@ def bad_icd(tmp_path, monkeypatch):
                                "ICD": {"library_path": str(tmp_path / "no_such_driver.so"), "api_version": "1.1.0"}}))
     monkeypatch.setenv("VK_ICD_FILENAMES", str(icd))
     return icd
+
+
+def _counted(init, calls: list):
+    def wrapped(self, *a, **kw):
+        calls.append(kw)
+        return init(self, *a, **kw)
+    return wrapped
 
 
 def _small_cnn():
@@ -92,10 +101,16 @@ def test_gpu_accelerator_that_cannot_start_says_why(cnn, bad_icd):
 @pytest.mark.slow
 @needs_gpu
 @needs_browser
-def test_convert_checks_android_on_the_gpu_and_web_on_webgpu(tmp_path):
+def test_convert_checks_android_on_the_gpu_and_web_on_webgpu(tmp_path, monkeypatch):
     net, x = _small_cnn()
+    sessions = []
+    monkeypatch.setattr(browser.Session, "__init__", _counted(browser.Session.__init__, sessions))
+    monkeypatch.setattr(browser, "_serve_and_wait", None)  # a browser started per run would fail here
+    before = descendants()
     result = tc.convert(net, x, targets="android,web", out=tmp_path / "out")
     assert result.passed, {n: t.errors for n, t in result.targets.items()}
+    assert len(sessions) == 1 and not browser._active  # one browser ran wasm and WebGPU, and is closed
+    assert descendants() <= before  # it, its helpers, the GPU worker
     android = json.loads((tmp_path / "out" / "android" / "model.json").read_text())["parity"]
     gpu = android["gpu_accelerator"]
     assert gpu["done"] and gpu["started"] and gpu["passed"] and gpu["fully_accelerated"] is True
