@@ -204,6 +204,12 @@ class ModuleKind(ModelKind):
         precisions = list(profile.precisions) or [profile.precision]
         if self._unfused is not None and profile.browser_parity:
             return [p + UNROLLED for p in precisions]  # LiteRT.js loads no fused LSTM (docs/DESIGN.md)
+        if self._unfused is not None and profile.runtime == "ai-edge-litert" and "dynamic_int8" not in precisions:
+            # TFLite's float32 LSTM kernel runs 8 GEMV calls a step, as slow as its reference kernel and
+            # slower than PyTorch eager on x86 for wide LSTMs; the hybrid one (int8 gate weights) ran 1.9x
+            # faster (docs/BENCHMARKS.md). It is measured and ships only if it passes this profile's checks
+            # (with labels, the task) and is faster: the report's candidates say which.
+            precisions.append("dynamic_int8")
         return precisions
 
     def prepare(self, profiles: list[TargetProfile], float_model: Artifact, rng: np.random.Generator) -> list[str]:

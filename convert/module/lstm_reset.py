@@ -13,6 +13,14 @@ whose gates are shut: zero weights on a zero input, input/forget/output gate bia
 -RESET_BIAS (sigmoid -> 0), so it writes c = 0 * c + 0 * g = 0 and h = 0 * tanh(0) = 0. Its
 output is read by nothing. It costs one recurrent-weight-sized zero tensor per hidden size
 (shared by every LSTM of that size) and one time step of compute.
+
+A full-integer LSTM (lstm_int8.py: int8 hidden state, int16 cell state) gets the same reset in
+integer: its gates saturate at sigmoid(-8) = 11/32768 instead of 0, so it runs two steps (c is
+scaled by (11/32768)^2 and rounds to 0, h = o * tanh(c) to its zero point) on an input of the
+LSTM's own zero point, with its own input weights (a zero-point input contributes nothing, the
+bias alone reaches the gates), a zero recurrent weight and int32 shut-gate biases in each gate's
+bias scale. `strip_resets` takes the float resets out again, tensors and constants too, before
+TFLite's calibrator quantizes the LSTMs (lstm_int8.py), and the integer ones go in after.
 """
 
 from __future__ import annotations
@@ -61,8 +69,11 @@ def reset_states(model: bytes) -> bytes:
                     or _is_reset(ops[i + 1] if i + 1 < len(ops) else None, op, lstm):
                 continue
             h_state, c_state = op.inputs[STATE_H], op.inputs[STATE_C]
+            if g.tensors[h_state].type == schema.TensorType.INT8 and g.tensors[c_state].type == schema.TensorType.INT16:
+                out.append(_int8_reset(obj, g, op, i))
+                continue
             if g.tensors[h_state].type != schema.TensorType.FLOAT32:
-                continue  # a quantized state: the closed-gate biases would not hold
+                continue  # a hybrid or other quantized state: neither reset holds
             batch, hidden = (int(d) for d in g.tensors[h_state].shape)
             shut, zero = const(-RESET_BIAS, (hidden,)), const(0.0, (hidden,))
             w, r = const(0.0, (hidden, 1)), const(0.0, (hidden, hidden))
@@ -82,11 +93,83 @@ def reset_states(model: bytes) -> bytes:
     return bytes(flatbuffer_utils.convert_object_to_bytearray(obj))
 
 
-def _tensor(g, shape: tuple[int, ...], buffer: int, name: str) -> int:
+def _tensor(g, shape: tuple[int, ...], buffer: int, name: str, dtype: int = schema.TensorType.FLOAT32,
+            scale: float | None = None, zero_point: int = 0) -> int:
     t = schema.TensorT()
-    t.shape, t.type, t.buffer, t.name = np.array(shape, np.int32), schema.TensorType.FLOAT32, buffer, name
+    t.shape, t.type, t.buffer, t.name = np.array(shape, np.int32), dtype, buffer, name
+    if scale is not None:
+        t.quantization = schema.QuantizationParametersT()
+        t.quantization.scale, t.quantization.zeroPoint = [float(scale)], [int(zero_point)]
     g.tensors.append(t)
     return len(g.tensors) - 1
+
+
+def _quant(t) -> tuple[float, int]:
+    return float(t.quantization.scale[0]), int(t.quantization.zeroPoint[0])
+
+
+INT8_RESET_STEPS = 2  # each step scales the cell state by at most 11/32768: two round it to 0
+
+
+def _int8_reset(obj, g, op, i: int):
+    """The integer reset of the full-integer LSTM `op` (the module docstring): a new operator."""
+    def const(data: np.ndarray, dtype: int, name: str, scale: float, zero_point: int = 0) -> int:
+        buf = schema.BufferT()
+        buf.data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        obj.buffers.append(buf)
+        return _tensor(g, data.shape, len(obj.buffers) - 1, f"lstm_reset/{name}{i}", dtype, scale, zero_point)
+
+    h_state, c_state = op.inputs[STATE_H], op.inputs[STATE_C]
+    batch, hidden = (int(d) for d in g.tensors[h_state].shape)
+    x_scale, x_zp = _quant(g.tensors[op.inputs[0]])
+    features = int(g.tensors[op.inputs[0]].shape[-1])
+    x = const(np.full((batch, INT8_RESET_STEPS, features), x_zp, np.int8), schema.TensorType.INT8, "x", x_scale, x_zp)
+    r = const(np.zeros((hidden, hidden), np.int8), schema.TensorType.INT8, "r",
+              _quant(g.tensors[op.inputs[5]])[0])
+    biases = []
+    for gate, w in zip("ifco", op.inputs[1:5]):  # the bias scale is input scale x that gate's weight scale
+        scale = x_scale * _quant(g.tensors[w])[0]
+        value = 0 if gate == "c" else max(-(1 << 30), round(-RESET_BIAS / scale))
+        biases.append(const(np.full(hidden, value, np.int32), schema.TensorType.INT32, f"b_{gate}", scale))
+    h_scale, h_zp = _quant(g.tensors[h_state])
+    y = _tensor(g, (batch, INT8_RESET_STEPS, hidden), 0, f"lstm_reset/out{i}", schema.TensorType.INT8, h_scale, h_zp)
+    reset = schema.OperatorT()
+    reset.opcodeIndex = op.opcodeIndex
+    reset.inputs = [x, *op.inputs[1:5], r, r, r, r, -1, -1, -1, *biases, -1, -1, h_state, c_state, -1, -1, -1, -1]
+    reset.outputs = [y]
+    reset.intermediates = list(op.intermediates)  # the gate and hidden scales the integer kernel reads
+    reset.builtinOptionsType = schema.BuiltinOptions.UnidirectionalSequenceLSTMOptions
+    reset.builtinOptions = schema.UnidirectionalSequenceLSTMOptionsT()
+    reset.builtinOptions.fusedActivationFunction = schema.ActivationFunctionType.TANH
+    reset.builtinOptions.timeMajor = False
+    return reset
+
+
+def strip_resets(model: bytes) -> bytes:
+    """The .tflite without the reset steps `reset_states` added, nor their tensors (renumbered) and
+    constants (buffers emptied): TFLite's quantizer leaves an unread constant float32, which the
+    full-integer target refuses."""
+    if not lstm_count(model):
+        return model
+    obj = flatbuffer_utils.read_model_from_bytearray(bytearray(model))
+    lstm = [flatbuffer_utils.get_builtin_code_from_operator_code(c) for c in obj.operatorCodes].index(LSTM)
+    for g in obj.subgraphs:
+        ops = list(g.operators)
+        g.operators = [op for k, op in enumerate(ops) if not (k and _is_reset(op, ops[k - 1], lstm))]
+        lists = [g.inputs, g.outputs] + [x for op in g.operators for x in (op.inputs, op.outputs, op.intermediates)
+                                         if x is not None]
+        kept = sorted({int(i) for x in lists for i in x if i >= 0})
+        new = {old: k for k, old in enumerate(kept)}
+        for k, t in enumerate(g.tensors):
+            if k not in new and t.buffer:
+                obj.buffers[t.buffer].data = None
+        g.tensors = [g.tensors[i] for i in kept]
+        g.inputs, g.outputs = [new[i] for i in g.inputs], [new[i] for i in g.outputs]
+        for op in g.operators:
+            for name in ("inputs", "outputs", "intermediates"):
+                if getattr(op, name) is not None:
+                    setattr(op, name, [new[i] if i >= 0 else -1 for i in getattr(op, name)])
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(obj))
 
 
 def _is_reset(op, before, lstm: int) -> bool:

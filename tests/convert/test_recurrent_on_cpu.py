@@ -13,6 +13,7 @@ import tpu_pipeline.convert as tc
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.gru import FusedGRU
 from tpu_pipeline.convert.module.loaders import load_object
+from tpu_pipeline.convert.module.lstm_int8 import full_integer
 from tpu_pipeline.convert.module.lstm_reset import lstm_count
 from tpu_pipeline.convert.module.lstm_weights import int8_weights
 from tpu_pipeline.convert.module.recurrent import FusedLSTM, as_fused
@@ -146,6 +147,27 @@ def test_dynamic_int8_runs_the_hybrid_lstm_kernel(speaker_like):
         assert np.dot(got, want) / np.linalg.norm(got) / np.linalg.norm(want) > 0.999
 
 
+def test_static_int8_is_full_integer_lstm_on_tflm_and_every_invoke_starts_from_zero(speaker_like):
+    # ai-edge-quantizer leaves the fused op float32; TFLite's calibrator makes it int8/int16, and the
+    # integer resets keep a second sequence in the same interpreter as exact as the first
+    net, model = speaker_like
+    key = inspect_model(model).inputs[0].key
+    calib, _ = sequence_task(32, T, F, seed=7)
+    q = full_integer(model, [{key: x[None].numpy()} for x in calib])
+    info = inspect_model(q)
+    assert {t["dtype"] for t in info.tensors.values()} <= {"int8", "int16", "int32"}
+    assert info.inputs[0].dtype == info.outputs[0].dtype == "int8"
+    assert _ops(q).count("UNIDIRECTIONAL_SEQUENCE_LSTM") == lstm_count(q) == 8  # 4 LSTMs, 4 integer resets
+    xs, _ = sequence_task(6, T, F, seed=8)
+    with torch.no_grad():
+        want = [net(x[None]).numpy().ravel() for x in xs]
+    in_a_row = run_micro(q, info, [[x[None].numpy()] for x in xs], 1 << 20)
+    assert np.array_equal(run_micro(q, info, [[xs[-1][None].numpy()]], 1 << 20)[0][0], in_a_row[-1][0])
+    for got, w in zip(in_a_row, want):
+        got = got[0].ravel()
+        assert np.dot(got, w) / np.linalg.norm(got) / np.linalg.norm(w) > 0.99
+
+
 def test_op_count_does_not_grow_with_the_sequence_and_programs_fuse_too(speaker_like, tmp_path):
     # 4x the time steps, through a torch.export program (a .pt2's graph: aten.lstm, not nn.LSTM)
     net, model = speaker_like
@@ -155,12 +177,20 @@ def test_op_count_does_not_grow_with_the_sequence_and_programs_fuse_too(speaker_
 
 
 @pytest.mark.slow
-def test_convert_passes_desktop_android_and_web(tmp_path):
-    # desktop and android ship the fused op (float32; float16 or dynamic int8: the hybrid LSTM kernel);
-    # web the unrolled graph, which LiteRT.js loads (it refuses the fused op's variable tensors)
+def test_convert_passes_desktop_android_web_and_iot(tmp_path):
+    # desktop and android ship the fused op (float32 or dynamic int8: the hybrid LSTM kernel; float16);
+    # web the unrolled graph, which LiteRT.js loads (it refuses the fused op's variable tensors);
+    # iot the fused op full-integer on TFLM
     net = trained(SequenceEncoder(F, H, 1, batch_first=True))
-    r = tc.convert(net, (torch.randn(1, T, F),), targets="desktop,android,web", out=tmp_path / "d", samples=8,
+    r = tc.convert(net, (torch.randn(1, T, F),), targets="desktop,android,web,iot", out=tmp_path / "d", samples=8,
                    latency=False)
+    iot = r["iot"]
+    assert iot.passed and iot.precision == "static_int8", iot.reasons
+    assert iot.metrics["cosine_mean"] > 0.99
+    assert "UNIDIRECTIONAL_SEQUENCE_LSTM" in _ops((tmp_path / "d" / "iot" / "model.tflite").read_bytes())
+    assert any("TFLite's own calibrator" in n for n in r.report["notes"])
+    # desktop measured the hybrid variant beside float32 (latency off: the first that passes ships)
+    assert [c["precision"] for c in r["desktop"].candidates] == ["float32", "dynamic_int8"]
     for name in ("desktop", "android", "web"):
         t = r[name]
         assert t.passed, (name, t.reasons)
