@@ -58,7 +58,7 @@ browser: $(WEB_STAMP)
 	  echo "chromium or libvulkan1 could not be installed: browser parity will be skipped, the GPU checks say why they did not run"
 
 # Each pip install keeps about one core busy (unzipping, compiling bytecode), so the two venvs' installs
-# run side by side: two jobs, their logs interleaved by whole lines.
+# run side by side: two jobs, each command's output printed whole when it ends (--output-sync=line).
 install:
 	@$(MAKE) --no-print-directory -j2 --output-sync=line $(STAMP) $(VERL_STAMP) browser
 

@@ -101,14 +101,38 @@ def test_non_llama_is_refused():
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    model, tok = _tiny_llama()
-    hf = tmp_path_factory.mktemp("hf")
+def converted(tmp_path_factory):
+    """`convert` of the tiny grouped-query Llama for every target that takes LMs (one export shared by
+    this file's tests: test_convert_hf_lm_folder_all_targets_then_generate checks its report)."""
+    from click.testing import CliRunner
+
+    from tpu_pipeline.cli import cli
+
+    model, tok = _tiny_llama(kv_heads=2)  # grouped-query attention: converts exactly in this path
+    tmp = tmp_path_factory.mktemp("convert")
+    hf = tmp / "policy"
     model.save_pretrained(hf)
     tok.save_pretrained(hf)
+    (tmp / "prompts.txt").write_text("3+4-2=\n9-8=\n1+1+1=\n")
+    r = CliRunner().invoke(cli, ["convert", str(hf), "--out", str(tmp / "dist"), "--prompts", str(tmp / "prompts.txt"),
+                                 "--max-len", "40", "--prefill-len", "8", "--json"])
+    return r, model, tok, hf, tmp
+
+
+@pytest.fixture(scope="module")
+def exported(converted, tmp_path_factory):
+    """The decode-ready artifact alone, as write_decode_ready writes it (model.tflite, lm.json, the
+    tokenizer; max_len 40, prefill 8): the float32 desktop target's files without its bundle."""
+    import json
+    import shutil
+
+    r, model, tok, _, tmp = converted
+    assert r.exit_code == 0, r.output
     out = tmp_path_factory.mktemp("lm")
-    meta = write_decode_ready(hf, out, max_len=40, prefill_len=8)
-    return model, tok, out, meta
+    for p in (tmp / "dist" / "desktop").iterdir():
+        if p.is_file() and p.name not in ("model.litertlm", "model.json"):
+            shutil.copy(p, out / p.name)
+    return model, tok, out, json.loads((out / "lm.json").read_text())
 
 
 def test_artifact_generates_exactly_like_pytorch(exported):
@@ -232,7 +256,7 @@ def test_generate_cli_matches_library(exported, tmp_path):
     assert r.exit_code == 2 and "no such folder" in r.output
 
 
-def test_convert_hf_lm_folder_all_targets_then_generate(tmp_path):
+def test_convert_hf_lm_folder_all_targets_then_generate(converted, tmp_path):
     """The whole path for an LM: `convert` makes decode-ready artifacts for every target that
     takes LMs (iot is skipped and says why), then `generate` runs one without PyTorch."""
     import json
@@ -241,13 +265,7 @@ def test_convert_hf_lm_folder_all_targets_then_generate(tmp_path):
 
     from tpu_pipeline.cli import cli
 
-    model, tok = _tiny_llama(kv_heads=2)  # grouped-query attention: converts exactly in this path
-    hf = tmp_path / "policy"
-    model.save_pretrained(hf)
-    tok.save_pretrained(hf)
-    (tmp_path / "prompts.txt").write_text("3+4-2=\n9-8=\n1+1+1=\n")
-    r = CliRunner().invoke(cli, ["convert", str(hf), "--out", str(tmp_path / "dist"), "--prompts",
-                                 str(tmp_path / "prompts.txt"), "--max-len", "32", "--prefill-len", "8", "--json"])
+    r, model, tok, hf, dist_root = converted
     assert r.exit_code == 0, r.output
     report = json.loads(r.output[r.output.index("{"):])
     assert set(report["targets"]) == {"android", "ios", "desktop", "web"}
@@ -255,7 +273,7 @@ def test_convert_hf_lm_folder_all_targets_then_generate(tmp_path):
     for name, t in report["targets"].items():
         assert t["passed"], (name, t["errors"])
         assert t["parity"]["generation_agreement"] == 1.0 and t["parity"]["prompts"] == 3
-        d = tmp_path / "dist" / name
+        d = dist_root / "dist" / name
         assert {"model.tflite", "lm.json", "tokenizer.json", "model.json", "model.litertlm"} <= {
             p.name for p in d.iterdir()}
         # the bundle on LiteRT-LM: greedy tokens equal transformers' (near-ties allowed for quantized variants)
@@ -275,17 +293,17 @@ def test_convert_hf_lm_folder_all_targets_then_generate(tmp_path):
         assert "skipped" in browser
     assert report["targets"]["web"]["size_bytes"] < report["targets"]["desktop"]["size_bytes"]
     prompt = tok("3+4-2=").input_ids
-    want = LiteRTLanguageModel(tmp_path / "dist" / "desktop").generate_ids(prompt, 6)
+    want = LiteRTLanguageModel(dist_root / "dist" / "desktop").generate_ids(prompt, 6)
     with torch.no_grad():  # transformers' own greedy generate with its KV cache
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
                              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(prompt):].tolist()
     assert want == ref[:len(want)]
-    g = CliRunner().invoke(cli, ["generate", str(tmp_path / "dist"), "--prompt", "3+4-2=", "--max-new-tokens", "6",
+    g = CliRunner().invoke(cli, ["generate", str(dist_root / "dist"), "--prompt", "3+4-2=", "--max-new-tokens", "6",
                                  "--json", "--runtime", "reference"])
     assert g.exit_code == 0 and json.loads(g.output)["ids"] == want
     # the default runtime is the bundle on LiteRT-LM: the same greedy tokens (it prints special
     # tokens as text and hides the stop token)
-    g = CliRunner().invoke(cli, ["generate", str(tmp_path / "dist"), "--prompt", "3+4-2=", "--max-new-tokens", "6",
+    g = CliRunner().invoke(cli, ["generate", str(dist_root / "dist"), "--prompt", "3+4-2=", "--max-new-tokens", "6",
                                  "--json"])
     assert g.exit_code == 0, g.output
     body = want[:-1] if want and want[-1] == tok.eos_token_id else want
