@@ -9,7 +9,10 @@ Per model and export (litert-torch's own, fused float32, fused with int8 LSTM we
 dynamic_int8 variant ships it): op count, .tflite size, export seconds (litert-torch convert +
 write, the state reset included), latency on ai-edge-litert (XNNPACK + builtin kernels, one
 thread) beside PyTorch eager on one thread, timed interleaved (min / median), and the cosine to
-PyTorch on one input. Prints a markdown table with the machine and date (docs/BENCHMARKS.md).
+PyTorch on one input. The fused LSTMs' full-integer variant (static_int8, the iot target's) runs
+on the TFLM interpreter (its reference kernels on this CPU): its arena as TFLM allocates it, its
+cosine the mean over 16 sequences, and whether it fits iot's 1 MiB flash and 256 KiB arena.
+Prints a markdown table with the machine and date (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -26,14 +29,17 @@ import litert_torch  # noqa: F401 - its ~8 s import happens before any export is
 import numpy as np
 import torch
 
+from tpu_pipeline.convert.iot.firmware import measure_arena
 from tpu_pipeline.convert.measure import median_ms, torch_threads
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.loaders import load_object
+from tpu_pipeline.convert.module.lstm_int8 import full_integer
 from tpu_pipeline.convert.module.lstm_reset import lstm_count
 from tpu_pipeline.convert.module.lstm_weights import int8_weights
 from tpu_pipeline.convert.module.recurrent import as_fused
 from tpu_pipeline.convert.runtimes import LitertRunner
 from tpu_pipeline.convert.tflite_info import inspect_model
+from tpu_pipeline.errors import ConversionError
 from tpu_pipeline.testing.recurrent_models import SequenceEncoder
 
 MODELS = {  # name: (SequenceEncoder kwargs, time steps)
@@ -75,6 +81,11 @@ def measure(name: str, work: Path, baseline: bool, rounds: int) -> list[dict]:
                 times[k].append(time.perf_counter() - t)
     eager = (min(times["eager"]) * 1e3, float(np.median(times["eager"])) * 1e3)
     rows = []
+    if lstm_count(exports["fused float32"][0]):
+        try:
+            rows.append(_tflm_row(name, net, exports["fused float32"][0], kwargs["features"], steps, eager, rounds))
+        except ConversionError as e:  # the variant is not made for this model: say why, time the rest
+            print(f"{name}: no full-integer variant: {e}", flush=True)
     for k, (model, export_s) in exports.items():
         got = runners[k].run([x.numpy()])[0]
         cos = float(np.dot(got.ravel(), want.ravel()) / np.linalg.norm(got) / np.linalg.norm(want))
@@ -83,6 +94,40 @@ def measure(name: str, work: Path, baseline: bool, rounds: int) -> list[dict]:
                      "export_s": export_s, "artifact_ms": (min(times[k]) * 1e3, float(np.median(times[k])) * 1e3),
                      "eager_ms": eager, "max_abs": float(np.abs(got - want).max()), "cosine": cos})
     return rows
+
+
+def _tflm_row(name: str, net, model: bytes, features: int, steps: int, eager: tuple, rounds: int) -> dict:
+    """The full-integer variant (lstm_int8.full_integer, calibrated on 32 random sequences) on TFLM."""
+    from tflite_micro.python.tflite_micro import runtime
+
+    key = inspect_model(model).inputs[0].key
+    g = torch.Generator().manual_seed(1)
+    calib = [torch.randn(1, steps, features, generator=g) for _ in range(32)]
+    q = full_integer(model, [{key: x.numpy()} for x in calib])
+    info = inspect_model(q)
+    arena = measure_arena(q)
+    interp = runtime.Interpreter.from_bytes(q, arena_size=max(arena * 2, 1 << 16))
+    scale, zp = info.inputs[0].scale, info.inputs[0].zero_point
+    oscale, ozp = info.outputs[0].scale, info.outputs[0].zero_point
+    xs = [torch.randn(1, steps, features, generator=g) for _ in range(16)]
+    cos, times = [], []
+    for k in range(max(rounds, len(xs))):
+        x = xs[k % len(xs)]
+        code = np.clip(np.round(x.numpy() / scale) + zp, -128, 127).astype(np.int8)
+        t = time.perf_counter()
+        interp.set_input(code, 0)
+        interp.invoke()
+        times.append(time.perf_counter() - t)
+        if k < len(xs):
+            got = (np.array(interp.get_output(0)).astype(np.float32) - ozp) * oscale
+            with torch.no_grad():
+                want = net(x).numpy()
+            cos.append(float(np.dot(got.ravel(), want.ravel()) / np.linalg.norm(got) / np.linalg.norm(want)))
+    fits = len(q) <= 1 << 20 and arena <= 256 * 1024
+    return {"model": name, "export": f"fused, full-integer int8 on TFLM (arena {arena / 1024:.1f} KiB; "
+                                     f"{'fits' if fits else 'does not fit'} iot)", "ops": len(info.ops), "bytes": len(q),
+            "export_s": None, "artifact_ms": (min(times) * 1e3, float(np.median(times)) * 1e3), "eager_ms": eager,
+            "max_abs": None, "cosine": float(np.mean(cos))}
 
 
 def main() -> None:
