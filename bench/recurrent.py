@@ -3,7 +3,7 @@ export of nn.LSTM / nn.GRU against the fused export (LSTM: UNIDIRECTIONAL_SEQUEN
 the shorter unrolled graph), on the speaker-encoder shape (3 layers, 256 units, 40 mel features,
 T=160) and a small one.
 
-    .venv/bin/python bench/recurrent.py [--only lstm-speaker,...] [--quick]
+    .venv/bin/python bench/recurrent.py [--only lstm-speaker,...] [--quick] [--kernels]
 
 Per model and export (litert-torch's own, fused float32, fused with int8 LSTM weights as the
 dynamic_int8 variant ships it): op count, .tflite size, export seconds (litert-torch convert +
@@ -52,7 +52,7 @@ MODELS = {  # name: (SequenceEncoder kwargs, time steps)
 }
 
 
-def measure(name: str, work: Path, baseline: bool, rounds: int) -> list[dict]:
+def measure(name: str, work: Path, baseline: bool, rounds: int, kernels: bool = False) -> list[dict]:
     """Exports `name` (litert-torch's own when `baseline`, and fused), then times PyTorch eager and
     each artifact interleaved, `rounds` times each: on a shared machine the minimum is the stable
     figure, the median is shown beside it."""
@@ -68,6 +68,12 @@ def measure(name: str, work: Path, baseline: bool, rounds: int) -> list[dict]:
     if lstm_count(exports["fused float32"][0]):
         exports["fused, int8 LSTM weights"] = (int8_weights(exports["fused float32"][0]), None)
     runners = {k: LitertRunner(m, inspect_model(m), threads=1) for k, (m, _) in exports.items()}
+    if kernels and lstm_count(exports["fused float32"][0]):
+        # the float LSTM kernel against TFLite's reference one: equal times mean no faster path ran
+        exports["fused float32, reference kernels"] = exports["fused float32"][0], None
+        runners["fused float32, reference kernels"] = LitertRunner(exports["fused float32"][0],
+                                                                   inspect_model(exports["fused float32"][0]),
+                                                                   reference=True, threads=1)
     times: dict[str, list[float]] = {k: [] for k in ["eager", *runners]}
     with torch.no_grad(), torch_threads(1):
         want = net(x).numpy()
@@ -135,11 +141,13 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
     ap.add_argument("--quick", action="store_true", help="the fused exports only (no litert-torch baseline)")
     ap.add_argument("--rounds", type=int, default=50, help="interleaved timing rounds")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also time the fused float32 artifact on TFLite's reference kernels")
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for name in a.only.split(","):
-            for r in measure(name, Path(d), not a.quick, a.rounds):
+            for r in measure(name, Path(d), not a.quick, a.rounds, a.kernels):
                 rows.append(r)
                 print(r, flush=True)
     print(f"\n{platform.node()} ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}), "
