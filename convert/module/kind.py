@@ -346,6 +346,8 @@ class ModuleKind(ModelKind):
         pitch tracker reading every pitch right at mean cosine 0.96) and ship ones it refuses."""
         runtime = "TFLM interpreter" if prof.runtime == "tflite-micro" else "ai-edge-litert (XNNPACK)"
         t = res["task_score"] = self.task.judge(task_score.stack(task_got, self.ref[0]), prof.max_task_drop, runtime)
+        if t.get("resolution") and t["passed"]:  # a failure's reason already says it
+            warnings.append("WARNING: " + t["resolution"])
         res["numeric_verdict"] = {"passed": res["passed"], "reasons": res["reasons"], "decided_by": res["decided_by"]}
         nonfinite = [f"{n}: the artifact outputs NaN/inf on {m['nonfinite_samples']} of {m['samples']} samples"
                      for n, m in outputs.items() if m.get("nonfinite_samples")]

@@ -378,3 +378,20 @@ def test_checks_judged_says_which_check_is_numeric():
     plain = task_score.checks_judged({"runtime": "tflite-micro", "webgpu": {"done": True, "samples": 8}}, False, 64)
     assert plain == {"cpu": "numeric by output kind on 64 rows against PyTorch on tflite-micro",
                      "webgpu": "numeric by output kind on 8 rows against PyTorch"}
+
+
+def test_too_few_labelled_rows_for_the_bound_is_said():
+    """64 rows and a bound of one point: one row (1.56 points) decides, and the record says so
+    (bench/verdicts.py --labels: a planted pitch tracker's repaired int8 artifact refused on one
+    redraw of five for a single row, while it beat PyTorch over the whole eval set)."""
+    rng = np.random.default_rng(2)
+    labels, ref, got = _scores(rng, n=64, wrong=1)
+    ts = task_score.TaskScore(task_score.choose(None, labels, ref, "logits", "y", 1), labels, [ref], seed=0)
+    t = ts.judge([got], max_drop=0.01, runtime="r")
+    assert t["drop"] == pytest.approx(1 / 64) and not t["passed"]  # the verdict stays what was measured
+    assert "one row moves accuracy by 0.0156" in t["resolution"] and "at least 101 labelled rows" in t["resolution"]
+    assert t["resolution"] in t["reason"]
+    assert "resolution" not in ts.judge([got], max_drop=0.02, runtime="r")
+    labels, ref, got = _scores(rng, n=200, wrong=1)
+    ts = task_score.TaskScore(task_score.choose(None, labels, ref, "logits", "y", 1), labels, [ref], seed=0)
+    assert "resolution" not in ts.judge([got], max_drop=0.01, runtime="r")
