@@ -337,10 +337,30 @@ def cpu_overrides(cfg: RLConfig, ov: list[str], *, out: Path, ray_tmp: str | Non
         _set(ov, key, value)
     if ray_tmp:
         _set(ov, "+ray_kwargs.ray_init._temp_dir", ray_tmp)  # this run's own Ray session folder
+    threads = worker_threads(cfg, local_cluster=ray_tmp is not None)
+    if threads:  # quoted: Ray's runtime_env wants a string
+        _set(ov, "+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS", f"'{threads}'")
     for k, v in {**CPU_ENV, "VERL_FILE_LOGGER_PATH": str(out / "verl" / "metrics.jsonl")}.items():
         # for a cluster (--ray-address) the workers do not inherit this process's environment
         _set(ov, f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}", v)
     return ov
+
+
+def worker_threads(cfg: RLConfig, *, local_cluster: bool) -> int | None:
+    """OMP_NUM_THREADS for VeRL's Ray workers, as trainer.threads means for the local engine
+    (rl.engine.set_threads): the recipe's count; 0 = every core on an idle machine, one when
+    other work already loads the cores; None (Ray's default) for a cluster whose nodes' load
+    is not known here. Ray gives an actor that reserves no CPUs OMP_NUM_THREADS=1
+    (ray/_private/utils.py set_omp_num_threads_if_unset), the FSDP worker included. Measured on
+    the shared 2-core box at load 13-21 (docs/BENCHMARKS.md): the FSDP update of 512 samples took
+    45-53 s with 1 thread and 89-140 s with 2 (competing OpenMP threads spin-wait)."""
+    if cfg.trainer.threads > 0:
+        return cfg.trainer.threads
+    if not local_cluster:
+        return None
+    cores = os.cpu_count() or 1
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return 1 if busy > max(cores - 1, 0.5) else cores
 
 
 # The local Ray cluster a CPU run starts (the raylet reads these from the environment it inherits): no

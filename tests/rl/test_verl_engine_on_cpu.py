@@ -110,6 +110,8 @@ def test_cpu_overrides_compose_and_name_the_plugin(dry):
     assert c.ray_kwargs.ray_init.num_gpus == 1 and c.ray_kwargs.ray_init.num_cpus >= 8
     assert c.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
     assert "hf_model" in a.actor.checkpoint.save_contents
+    # trainer.threads reaches every Ray worker (Ray's default for the FSDP worker is one thread)
+    assert c.ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS == "1"
     assert any("drop_uniform_groups" in d for d in res["departures"])
 
 
@@ -227,3 +229,17 @@ def test_verl_feeds_the_local_engines_prompt_tokens(dry, tiny_policy, tmp_path):
     ctok = AutoTokenizer.from_pretrained(chat)
     cl = encode_prompts(ctok, problems, 64, "refuse")
     assert prompt_tokens_differ(cl, ctok, problems, hf_model_type="llama") is None
+
+
+def test_worker_threads_follow_trainer_threads_as_the_local_engine(monkeypatch):
+    from tpu_pipeline.rl.recipe import load_recipe
+    from tpu_pipeline.rl.verl_bridge import worker_threads
+
+    assert worker_threads(load_recipe("grpo_math", {"trainer.threads": 3}), local_cluster=False) == 3
+    auto = load_recipe("grpo_math", {"trainer.threads": 0})
+    assert worker_threads(auto, local_cluster=False) is None  # a cluster's nodes: Ray's own default
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("os.getloadavg", lambda: (9.0, 9.0, 9.0))
+    assert worker_threads(auto, local_cluster=True) == 1  # loaded: competing OpenMP threads spin-wait
+    monkeypatch.setattr("os.getloadavg", lambda: (0.2, 0.2, 0.2))
+    assert worker_threads(auto, local_cluster=True) == 2
