@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import contextlib
+import ctypes
 import http.server
 import itertools
 import json
@@ -166,6 +167,18 @@ def _flags(webgpu: bool) -> tuple[str, ...]:
     return (*(f for f in CHROMIUM_FLAGS if f != "--disable-gpu"), *WEBGPU_FLAGS) if webgpu else CHROMIUM_FLAGS
 
 
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the forked child only calls it
+
+
+def _die_with_parent() -> None:
+    """Run in the forked child before exec: Chromium gets SIGKILL when the thread that started it
+    dies. A conversion killed with SIGKILL, or its test runner timed out, otherwise leaves a headless
+    Chromium (its own session, deaf to Ctrl-C) polling a server that is gone, forever. Both
+    browsers are started and waited on by the same thread, so it never fires early."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _stop(proc: subprocess.Popen) -> None:
     """Chromium and its helpers (they exit with their browser process), stopped and reaped."""
     proc.terminate()
@@ -218,7 +231,7 @@ class Session:
         try:
             self.proc = subprocess.Popen([chromium_path(), *_flags(webgpu), f"--user-data-dir={self._tmp / 'profile'}",
                                           url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_die_with_parent)
         except BaseException:
             self._shutdown_server()
             raise
@@ -380,7 +393,7 @@ def _serve_and_wait(site: Path, profile: Path, timeout: float, accelerator: str 
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}/index.html"
     proc = subprocess.Popen([chromium_path(), *_flags(accelerator != "wasm"), f"--user-data-dir={profile}", url],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     try:
         if not done.wait(timeout):
             raise ConversionError(f"the browser gave no result within {timeout:.0f} s")

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -70,3 +75,26 @@ def test_browser_generates_like_the_python_client(tmp_path):
                             prompts, 8)
     assert got == [lm.generate_ids(p, 8) for p in prompts]
     assert meta["prefill_len"] == 4 and all(len(g) >= 1 for g in got)
+
+
+def test_a_conversion_killed_with_sigkill_leaves_no_browser(tmp_path):
+    # nothing in the dead process can clean up: the browser must die with the thread that started it
+    script = tmp_path / "hold.py"
+    script.write_text("import time\nfrom tpu_pipeline.convert import browser\n"
+                      "s = browser.Session(webgpu=False)\nprint(s.proc.pid, flush=True)\ntime.sleep(120)\n")
+    holder = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    chromium = int(holder.stdout.readline())
+    assert _alive(chromium)
+    holder.kill()
+    holder.wait()
+    deadline = time.monotonic() + 10
+    while _alive(chromium) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(chromium)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
