@@ -492,7 +492,9 @@ def _prompt_tokens(cfg: RLConfig, ov: list[str], policy: Path, train_file: Path)
 
     tok = AutoTokenizer.from_pretrained(policy, trust_remote_code=False)
     problems = read_parquet(train_file)[:64]
-    local = encode_prompts(tok, problems, cfg.data.max_prompt_length, cfg.data.overlong_prompt)
+    # whole prompts, whatever their length: this compares tokenization only (an overlong prompt is
+    # the data's limit, mapped to VeRL's own overrides, not a reason to refuse or cut the comparison)
+    local = encode_prompts(tok, problems, sys.maxsize, "refuse")
     if not has_chat_template(policy):
         tok.chat_template = prompt_template(tok)
         _set(ov, "actor_rollout_ref.model.custom_chat_template", f'"{tok.chat_template}"')

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -44,13 +45,20 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _marked_processes() -> list[int]:
-    """Processes of any --engine verl run (their environment carries the marker)."""
+TEST_TAG = "TPU_PIPELINE_TEST_VERL_TAG"  # set by a test around its own run; inherited like the marker
+
+
+def _marked_processes(tag: str) -> list[int]:
+    """Processes of the --engine verl run a test started under `tag` (their environment carries the
+    launch's marker and the tag): another run on this machine (a second test suite, a user's run) is
+    neither counted as left behind nor killed."""
+    needles = [f"{MARKER}=".encode(), f"{TEST_TAG}={tag}".encode() + b"\0"]
     pids = []
     for e in Path("/proc").iterdir():
         if e.name.isdigit() and int(e.name) != os.getpid():
             try:
-                if f"{MARKER}=".encode() in (e / "environ").read_bytes() and _alive(int(e.name)):
+                environ = (e / "environ").read_bytes()
+                if all(n in environ for n in needles) and _alive(int(e.name)):
                     pids.append(int(e.name))
             except OSError:
                 pass
@@ -106,16 +114,17 @@ def test_interrupt_stops_the_cluster_and_reraises(tmp_path):
     assert not any(_alive(p) for p in pids) and time.monotonic() - t0 < 60
 
 
-def test_unreachable_ray_cluster_is_one_line_exit_6(tmp_path, tiny_policy):
+def test_unreachable_ray_cluster_is_one_line_exit_6(tmp_path, tiny_policy, monkeypatch):
     out = tmp_path / "v"
-    before = set(_marked_processes())  # another run on this machine keeps its own
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TEST_TAG, tag)
     r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--ray-address", "http://127.0.0.1:9", "--steps", "2",
                                  "--policy", str(tiny_policy), "--out", str(out)]
                            + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
     assert r.exit_code == EXIT_TRAINER, r.output
     last = r.output.strip().splitlines()[-1]
     assert last.startswith("Error: --engine verl: Ray could not start") and "no checkpoint was saved" in last
-    assert "Traceback" not in r.output and set(_marked_processes()) <= before
+    assert "Traceback" not in r.output and _marked_processes(tag) == []
 
 
 # Lines of real failed launches on this box (ANSI colours removed), each beside lines that must not decide.
@@ -172,9 +181,10 @@ def verl_run(tmp_path_factory, verl_policy):
     _need_the_extra()
     tiny_policy = verl_policy
     out = tmp_path_factory.mktemp("verl_run") / "run"
-    before = set(_marked_processes())  # another run on this machine keeps its own
+    tag = uuid.uuid4().hex
     t0 = time.time()
     with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(TEST_TAG, tag)
         # a reward a random policy earns about half the time (the recipe's is ~0 for it, so no gradient):
         # VeRL's reward workers import it as pkg://rewards_for_tests, from PYTHONPATH
         mp.syspath_prepend(str(Path(__file__).parent))  # and this process, for eval.json's scores
@@ -182,7 +192,7 @@ def verl_run(tmp_path_factory, verl_policy):
         r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--steps", "3", "--policy", str(tiny_policy),
                                      "--reward", "rewards_for_tests:odd_char_sum", "--out", str(out)]
                                + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
-    return out, r, time.time() - t0, set(_marked_processes()) - before
+    return out, r, time.time() - t0, set(_marked_processes(tag))
 
 
 @pytest.mark.slow
@@ -245,10 +255,10 @@ def test_vllm_that_cannot_load_the_policy_is_named_in_one_line(tmp_path, tiny_po
     assert line.startswith("vLLM could not load the policy") and "head_dim=16" in line and "\n" not in line, line
 
 
-def _worker_pids() -> list[int]:
-    """VeRL's FSDP actor processes (Ray names them ray::WorkerDict...) of any --engine verl run."""
+def _worker_pids(tag: str) -> list[int]:
+    """VeRL's FSDP actor processes (Ray names them ray::WorkerDict...) of the run tagged `tag`."""
     pids = []
-    for pid in _marked_processes():
+    for pid in _marked_processes(tag):
         try:
             if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::WorkerDict"):
                 pids.append(pid)
@@ -265,16 +275,17 @@ def test_worker_killed_mid_run_is_one_line_exit_6_and_keeps_the_checkpoint(tmp_p
 
     _need_the_extra()
     out = tmp_path / "v"
-    before = set(_marked_processes())
+    tag = uuid.uuid4().hex
     small = {**SMALL, "trainer.save_every": 1}
     cmd = [sys.executable, "-m", "tpu_pipeline", "rl", "--engine", "verl", "--steps", "40", "--policy",
            str(verl_policy), "--out", str(out)] + [x for k, v in small.items() for x in ("--set", f"{k}={v}")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, TEST_TAG: tag})
     tracker = out / "verl" / "checkpoints" / "latest_checkpointed_iteration.txt"
     killed, deadline = [], time.monotonic() + 600
     while proc.poll() is None and not killed and time.monotonic() < deadline:
         if tracker.is_file():
-            killed = [p for p in _worker_pids() if p not in before]
+            killed = _worker_pids(tag)
             for pid in killed:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
@@ -286,4 +297,4 @@ def test_worker_killed_mid_run_is_one_line_exit_6_and_keeps_the_checkpoint(tmp_p
     assert "Traceback" not in stderr + stdout
     kept = out / "verl" / "checkpoints" / f"global_step_{int(tracker.read_text())}"
     assert f"last good checkpoint: {kept}" in last and (kept / "actor").is_dir()
-    assert set(_marked_processes()) <= before  # Ray, vLLM and the other workers stopped too
+    assert _marked_processes(tag) == []  # Ray, vLLM and the other workers stopped too
