@@ -16,7 +16,9 @@ from typing import Iterator
 @contextlib.contextmanager
 def quiet_native(log_path: Path | None = None) -> Iterator[Path]:
     """Sends the converter's progress lines and C++ logs (fd 1/2) to a log file,
-    so `--json` output and the progress display stay clean."""
+    so `--json` output and the progress display stay clean. Without `log_path` the
+    file is a temporary one, removed on exit (each export, quantization and check
+    made one, and none was ever removed: thousands piled up in /tmp)."""
     fd, name = tempfile.mkstemp(prefix="tpu-pipeline-convert-", suffix=".log") if log_path is None else (
         os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), str(log_path))
     saved = [os.dup(1), os.dup(2)]
@@ -38,6 +40,9 @@ def quiet_native(log_path: Path | None = None) -> Iterator[Path]:
         os.dup2(saved[0], 1), os.dup2(saved[1], 2)
         for f in (*saved, fd):
             os.close(f)
+        if log_path is None:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
 
 
 def first_line(e: BaseException) -> str:
