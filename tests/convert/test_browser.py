@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ import torch
 
 from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs
 from tpu_pipeline.testing.model_files import tiny_cnn_tflite
+from tpu_pipeline.testing.processes import alive
 
 pytestmark = pytest.mark.skipif(browser_unavailable() is not None, reason=f"browser runtime: {browser_unavailable()}")
 
@@ -84,17 +84,10 @@ def test_a_conversion_killed_with_sigkill_leaves_no_browser(tmp_path):
                       "s = browser.Session(webgpu=False)\nprint(s.proc.pid, flush=True)\ntime.sleep(120)\n")
     holder = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     chromium = int(holder.stdout.readline())
-    assert _alive(chromium)
+    assert alive(chromium)
     holder.kill()
     holder.wait()
     deadline = time.monotonic() + 10
-    while _alive(chromium) and time.monotonic() < deadline:
+    while alive(chromium) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(chromium)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
+    assert not alive(chromium)

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from tpu_pipeline.cli import cli
 from tpu_pipeline.errors import EXIT_TRAINER
 from tpu_pipeline.rl.verl_launch import MARKER, supervise, survivors
+from tpu_pipeline.testing.processes import alive
 
 from .conftest import SMALL
 
@@ -35,14 +36,6 @@ SPAWN = textwrap.dedent("""
         sys.exit(3)
     import time; time.sleep(300)
 """)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 TEST_TAG = "TPU_PIPELINE_TEST_VERL_TAG"  # set by a test around its own run; inherited like the marker
@@ -58,7 +51,7 @@ def _marked_processes(tag: str) -> list[int]:
         if e.name.isdigit() and int(e.name) != os.getpid():
             try:
                 environ = (e / "environ").read_bytes()
-                if all(n in environ for n in needles) and _alive(int(e.name)):
+                if all(n in environ for n in needles) and alive(int(e.name)):
                     pids.append(int(e.name))
             except OSError:
                 pass
@@ -71,7 +64,7 @@ def test_supervisor_stops_every_process_it_started(tmp_path, mode):
     out = supervise([sys.executable, "-c", SPAWN, mode], dict(os.environ), log, timeout_s=None if mode == "exit" else 5)
     pids = [int(x) for x in log.read_text().split()[:2]]
     assert out.survivors == []
-    assert not any(_alive(p) for p in pids)  # the one in its own session too: found by the marker
+    assert not any(alive(p) for p in pids)  # the one in its own session too: found by the marker
     assert (out.returncode == 3) if mode == "exit" else out.returncode != 0
 
 
@@ -97,7 +90,7 @@ def test_sigterm_to_the_supervisor_stops_every_process_it_started(tmp_path):
     proc.terminate()
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted: signal SIGTERM" in out
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
 
 
 def test_interrupt_stops_the_cluster_and_reraises(tmp_path):
@@ -111,7 +104,7 @@ def test_interrupt_stops_the_cluster_and_reraises(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         supervise([sys.executable, "-c", SPAWN, "hang"], dict(os.environ), log, on_poll=interrupt)
     pids = [int(x) for x in log.read_text().split()[:2]]
-    assert not any(_alive(p) for p in pids) and time.monotonic() - t0 < 60
+    assert not any(alive(p) for p in pids) and time.monotonic() - t0 < 60
 
 
 def test_unreachable_ray_cluster_is_one_line_exit_6(tmp_path, tiny_policy, monkeypatch):
