@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_engines")
     ap.add_argument("--png", default=None)
     ap.add_argument("--reuse-local", action="store_true", help="keep OUT/local from an earlier run of this script")
+    # both engines' rule for 0 reads the load average, which the first run leaves high for the second
+    ap.add_argument("--threads", type=int, default=2, help="trainer.threads for both engines (0: each engine's rule)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -77,7 +79,7 @@ def main() -> None:
         local_wall, rc = json.loads((local / "eval.json").read_text())["wall_seconds"], 0  # the run's own wall
     else:
         local_wall, rc = _cli("rl", "--recipe", a.recipe, "--out", str(local), "--time-budget", str(a.seconds),
-                              "--seed", str(a.seed), log=out / "local.log")
+                              "--seed", str(a.seed), "--set", f"trainer.threads={a.threads}", log=out / "local.log")
     if rc:
         sys.exit(f"local engine exited {rc}: see {out / 'local.log'}")
     lev = json.loads((local / "eval.json").read_text())
@@ -89,7 +91,8 @@ def main() -> None:
 
     verl_wall, rc = _cli("rl", "--recipe", a.recipe, "--engine", "verl", "--out", str(verl), "--steps",
                          str(a.verl_steps), "--policy", str(start), "--seed", str(a.seed),
-                         "--set", f"trainer.save_every={a.save_every}", log=out / "verl.log")
+                         "--set", f"trainer.save_every={a.save_every}",
+                         "--set", f"trainer.threads={a.threads}", log=out / "verl.log")
     if rc:
         sys.exit(f"VeRL engine exited {rc}: see {out / 'verl.log'}")
     vev = json.loads((verl / "eval.json").read_text())
@@ -106,7 +109,7 @@ def main() -> None:
     res = {
         "machine": f"{platform.node()} ({os.cpu_count()} cores), {platform.platform()}",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
-        "command": " ".join(sys.argv), "recipe": a.recipe, "seed": a.seed,
+        "command": " ".join(sys.argv), "recipe": a.recipe, "seed": a.seed, "threads": a.threads,
         "local": {"wall_seconds": round(local_wall, 1), "rl_seconds": lev["rl_seconds"], "steps": lev["steps"],
                   "median_step_seconds": _step_seconds(lrows), "before": lev["before"]["accuracy"],
                   "after": lev["after"]["accuracy"], "curve": lcurve},

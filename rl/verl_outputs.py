@@ -45,6 +45,9 @@ VERL_KEYS = {
     "rollout_seconds": "timing_s/gen",
     "update_seconds": "timing_s/update_actor",
     "weight_sync_seconds": "timing_s/update_weights",
+    # VeRL only: the largest gap between vLLM's sampling probabilities and the trainer's recomputed
+    # ones (ray_trainer's rollout_probs_diff): ~1e-2 when the trainer computes in bf16, ~1e-6 in float32
+    "rollout_probs_diff_max": "training/rollout_probs_diff_max",
 }
 
 

@@ -110,6 +110,12 @@ def test_cpu_overrides_compose_and_name_the_plugin(dry):
     assert c.ray_kwargs.ray_init.num_gpus == 1 and c.ray_kwargs.ray_init.num_cpus >= 8
     assert c.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
     assert "hf_model" in a.actor.checkpoint.save_contents
+    # the trainer computes in float32 (VeRL's FSDP default is bf16 parameters and autocast), as the local engine
+    for worker in (a.actor, a.ref):
+        assert dict(worker.fsdp_config.mixed_precision) == {"param_dtype": "fp32", "reduce_dtype": "fp32",
+                                                            "buffer_dtype": "fp32"}
+        assert worker.fsdp_config.use_torch_compile is False
+    assert a.model.enable_gradient_checkpointing is False
     # trainer.threads reaches every Ray worker (Ray's default for the FSDP worker is one thread)
     assert c.ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS == "1"
     assert any("drop_uniform_groups" in d for d in res["departures"])
