@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_engines")
     ap.add_argument("--png", default=None)
     ap.add_argument("--reuse-local", action="store_true", help="keep OUT/local from an earlier run of this script")
-    # both engines' rule for 0 reads the load average, which the first run leaves high for the second
+    # a fixed count makes the two runs alike (each engine's rule for 0 looks at the load when it starts)
     ap.add_argument("--threads", type=int, default=2, help="trainer.threads for both engines (0: each engine's rule)")
     a = ap.parse_args()
     out = Path(a.out)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from pathlib import Path
 import torch
 
 from tpu_pipeline.checkpoint import Checkpointer
+from tpu_pipeline.cpu_load import others_load_the_cores
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.files import atomic_write_json
 from tpu_pipeline.metrics import MetricsWriter
@@ -356,14 +356,10 @@ def set_threads(n: int) -> int:
     """torch CPU threads for the run (the warm start trains in this process too).
 
     0 = auto: torch's default (one per core) on an idle machine, one thread when
-    other work already loads the cores. On the shared 2-core box, two OpenMP
-    threads competing with other processes ran the warm start 5-10x slower than
-    one thread (they spin-wait for each other).
+    other work already loads the cores (tpu_pipeline.cpu_load).
     """
     if n <= 0:
-        cores = os.cpu_count() or 1
-        busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-        n = 1 if busy > max(cores - 1, 0.5) else torch.get_num_threads()
+        n = 1 if others_load_the_cores() else torch.get_num_threads()
     torch.set_num_threads(n)
     return n
 

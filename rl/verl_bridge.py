@@ -46,6 +46,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tpu_pipeline._tpu_guard import tpu_hardware_present
+from tpu_pipeline.cpu_load import others_load_the_cores
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.files import atomic_write_json, atomic_write_text
 from tpu_pipeline.rl.algo import resolve
@@ -369,9 +370,7 @@ def worker_threads(cfg: RLConfig, *, local_cluster: bool) -> int | None:
         return cfg.trainer.threads
     if not local_cluster:
         return None
-    cores = os.cpu_count() or 1
-    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return 1 if busy > max(cores - 1, 0.5) else cores
+    return 1 if others_load_the_cores() else (os.cpu_count() or 1)
 
 
 # The local Ray cluster a CPU run starts (the raylet reads these from the environment it inherits): no

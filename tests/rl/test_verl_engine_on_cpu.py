@@ -245,7 +245,7 @@ def test_worker_threads_follow_trainer_threads_as_the_local_engine(monkeypatch):
     auto = load_recipe("grpo_math", {"trainer.threads": 0})
     assert worker_threads(auto, local_cluster=False) is None  # a cluster's nodes: Ray's own default
     monkeypatch.setattr("os.cpu_count", lambda: 2)
-    monkeypatch.setattr("os.getloadavg", lambda: (9.0, 9.0, 9.0))
+    monkeypatch.setattr("tpu_pipeline.cpu_load.busy_cores", lambda: 1.8)
     assert worker_threads(auto, local_cluster=True) == 1  # loaded: competing OpenMP threads spin-wait
-    monkeypatch.setattr("os.getloadavg", lambda: (0.2, 0.2, 0.2))
+    monkeypatch.setattr("tpu_pipeline.cpu_load.busy_cores", lambda: 0.2)
     assert worker_threads(auto, local_cluster=True) == 2
