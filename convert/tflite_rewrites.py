@@ -29,28 +29,26 @@ from ai_edge_litert.tools import flatbuffer_utils
 
 def lookups_as_gather(model: bytes) -> bytes:
     """The .tflite with every EMBEDDING_LOOKUP(ids, table) replaced by GATHER(table, ids, axis=0);
-    the bytes unchanged when there is none."""
-    lookup, gather_code = schema.BuiltinOperator.EMBEDDING_LOOKUP, schema.BuiltinOperator.GATHER
+    the bytes unchanged when there is none. The lookup's operator code becomes GATHER's in place,
+    so no EMBEDDING_LOOKUP code is left behind for an interpreter to look up (TFLite's calibrator
+    registers every code in the table, and has no EMBEDDING_LOOKUP)."""
+    lookup = schema.BuiltinOperator.EMBEDDING_LOOKUP
     obj = flatbuffer_utils.read_model_from_bytearray(bytearray(model))
     codes = [flatbuffer_utils.get_builtin_code_from_operator_code(c) for c in obj.operatorCodes or []]
     if lookup not in codes:
         return model
-    if gather_code in codes:
-        gather = codes.index(gather_code)
-    else:
-        code = schema.OperatorCodeT()
-        # GATHER (36) fits the deprecated int8 field too; readers take the larger of the two
-        code.builtinCode = code.deprecatedBuiltinCode = gather_code
-        code.version = 1
-        obj.operatorCodes.append(code)
-        gather = len(obj.operatorCodes) - 1
+    for i, c in enumerate(codes):
+        if c == lookup:
+            # GATHER (36) fits the deprecated int8 field too; readers take the larger of the two
+            code = obj.operatorCodes[i]
+            code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.GATHER
+            code.version = 1
     for subgraph in obj.subgraphs:
         for op in subgraph.operators:
             if codes[op.opcodeIndex] != lookup:
                 continue
             ids, table = op.inputs
             op.inputs = [table, ids]
-            op.opcodeIndex = gather
             op.builtinOptionsType = schema.BuiltinOptions.GatherOptions
             op.builtinOptions = schema.GatherOptionsT(axis=0, batchDims=0)
     return bytes(flatbuffer_utils.convert_object_to_bytearray(obj))

@@ -43,7 +43,7 @@ def full_integer(float_model: bytes, calibration: list[dict[str, np.ndarray]]) -
     with tempfile.TemporaryDirectory(prefix="tpu-pipeline-lstm-int8-") as d:
         d = Path(d)
         # the quantizer has no EMBEDDING_LOOKUP; the same lookup as GATHER gets int8 (as quantize.py does)
-        (d / "float.tflite").write_bytes(_used_codes_only(lookups_as_gather(strip_resets(float_model))))
+        (d / "float.tflite").write_bytes(lookups_as_gather(strip_resets(float_model)))
         np.savez(d / "calib.npz", **{f"in_{i}_{r}": np.asarray(x) for r, row in enumerate(calibration)
                                       for i, x in enumerate(row.values())})
         proc = subprocess.run([sys.executable, str(worker), str(d / "float.tflite"), str(d / "calib.npz"),
@@ -56,21 +56,6 @@ def full_integer(float_model: bytes, calibration: list[dict[str, np.ndarray]]) -
             raise ConversionError(f"TFLite's calibrator could not make the full-integer LSTM variant: {why}")
         model = (d / "int8.tflite").read_bytes()
     return for_tflm(reset_states(_int16_intermediates(inline_buffers(model))))
-
-
-def _used_codes_only(model: bytes) -> bytes:
-    """The model without operator codes no op uses (the rewritten EMBEDDING_LOOKUP's): the
-    calibrator's interpreter registers every code in the table, and has no EMBEDDING_LOOKUP."""
-    obj = flatbuffer_utils.read_model_from_bytearray(bytearray(model))
-    used = sorted({op.opcodeIndex for g in obj.subgraphs for op in g.operators})
-    if len(used) == len(obj.operatorCodes):
-        return model
-    new = {old: k for k, old in enumerate(used)}
-    obj.operatorCodes = [obj.operatorCodes[i] for i in used]
-    for g in obj.subgraphs:
-        for op in g.operators:
-            op.opcodeIndex = new[op.opcodeIndex]
-    return bytes(flatbuffer_utils.convert_object_to_bytearray(obj))
 
 
 def _int16_intermediates(model: bytes) -> bytes:

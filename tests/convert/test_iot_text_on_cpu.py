@@ -11,6 +11,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from ai_edge_litert import schema_py_generated as schema
+from ai_edge_litert.tools import flatbuffer_utils
 from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
@@ -59,6 +61,9 @@ def test_lookup_as_gather_is_exact_in_float_and_only_static_int8_gets_it(tmp_pat
     assert "EMBEDDING_LOOKUP" in ops(float_model)  # what litert-torch makes of nn.Embedding
     gathered = lookups_as_gather(float_model)
     assert ops(gathered) == ["GATHER" if op == "EMBEDDING_LOOKUP" else op for op in ops(float_model)]
+    codes = [flatbuffer_utils.get_builtin_code_from_operator_code(c) for c in
+             flatbuffer_utils.read_model_from_bytearray(bytearray(gathered)).operatorCodes]
+    assert schema.BuiltinOperator.EMBEDDING_LOOKUP not in codes  # no stale code for an interpreter to resolve
     rng = np.random.default_rng(1)
     a = LitertRunner(float_model, inspect_model(float_model), reference=True)
     b = LitertRunner(gathered, inspect_model(gathered), reference=True)
