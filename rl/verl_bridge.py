@@ -365,7 +365,8 @@ def worker_threads(cfg: RLConfig, *, local_cluster: bool) -> int | None:
     is not known here. Ray gives an actor that reserves no CPUs OMP_NUM_THREADS=1
     (ray/_private/utils.py set_omp_num_threads_if_unset), the FSDP worker included. Measured on
     the shared 2-core box at load 13-21 (docs/BENCHMARKS.md): the FSDP update of 512 samples took
-    45-53 s with 1 thread and 89-140 s with 2 (competing OpenMP threads spin-wait)."""
+    45-53 s with 1 thread and 89-140 s with 2 (competing OpenMP threads spin-wait; both in bf16, before
+    the float32 overrides above)."""
     if cfg.trainer.threads > 0:
         return cfg.trainer.threads
     if not local_cluster:
