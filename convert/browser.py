@@ -171,6 +171,19 @@ _PR_SET_PDEATHSIG = 1
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the forked child only calls it
 
 
+def _remove_singleton_dir(profile: Path) -> None:
+    """Chromium keeps its singleton socket in a folder of its own in the temporary folder (the
+    profile links to it) and leaves it there when stopped: one org.chromium.Chromium.* folder per
+    start, removed here with the profile. (A TMPDIR inside the run's folder would do it too, but
+    the socket's path can then pass the 107 bytes a Unix socket allows, and Chromium aborts.)"""
+    try:
+        folder = Path(os.readlink(profile / "SingletonSocket")).parent
+    except OSError:
+        return
+    if folder.name.startswith("org.chromium.Chromium."):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _die_with_parent() -> None:
     """Run in the forked child before exec: Chromium gets SIGKILL when the thread that started it
     dies. A conversion killed with SIGKILL, or its test runner timed out, otherwise leaves a headless
@@ -341,6 +354,7 @@ class Session:
     def _shutdown_server(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        _remove_singleton_dir(self._tmp / "profile")
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
@@ -400,5 +414,6 @@ def _serve_and_wait(site: Path, profile: Path, timeout: float, accelerator: str 
         return box
     finally:
         _stop(proc)
+        _remove_singleton_dir(profile)
         server.shutdown()
         server.server_close()

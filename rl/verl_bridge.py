@@ -459,6 +459,11 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
         env.pop("CUDA_VISIBLE_DEVICES", None)
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
+    if ray_tmp:
+        # the local cluster's temporary files go in its own folder, removed at the end: vLLM's ZMQ sockets
+        # and file-store records and VeRL's checkpoint locks otherwise stay in /tmp after every run
+        Path(ray_tmp, "tmp").mkdir()
+        env["TMPDIR"] = str(Path(ray_tmp, "tmp"))
     atomic_write_json(out / "config.json", to_dict(cfg))
 
     o = cfg.optim  # the first update's rate, which VeRL does not log (see verl_outputs.VERL_NEXT_LR)

@@ -77,3 +77,15 @@ def _isolated_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TPU_PIPELINE_HOME", str(home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
+
+
+@pytest.fixture
+def private_tmp(tmp_path_factory, monkeypatch):
+    """A temporary folder of the test's own, as TMPDIR for it and its children: what a run leaves
+    behind in the temporary folder (nothing, when it cleans up) is what this folder holds after it."""
+    import tempfile
+
+    tmp = tmp_path_factory.mktemp("tmpdir")
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # gettempdir() caches its first answer
+    return tmp

@@ -83,12 +83,14 @@ def report_failure(e: PipelineError) -> None:
 def launch(nproc: int, kwargs: dict) -> None:
     """Runs `tpu_pipeline.train.worker` in `nproc` processes; raises if any fails, with the failing
     worker's own error class and message (DivergedError: exit 5, bad input: 2)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "tpu_pipeline.train.worker", json.dumps(kwargs)]
     env = dict(os.environ)
     # Share the cores instead of each process grabbing all of them.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     with tempfile.TemporaryDirectory(prefix="tpu-pipeline-workers-") as tmp:
+        # --log-dir: torchrun's per-rank error files; without it torchrun makes a torchelastic_* folder
+        # in /tmp at every launch and never removes it
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               f"--log-dir={tmp}/torchrun", "-m", "tpu_pipeline.train.worker", json.dumps(kwargs)]
         status = Path(tmp) / "failure.json"
         env[STATUS_ENV] = str(status)
         rc = subprocess.call(cmd, env=env)

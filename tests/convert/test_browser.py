@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tpu_pipeline.convert import browser
 from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs
 from tpu_pipeline.testing.model_files import tiny_cnn_tflite
 from tpu_pipeline.testing.processes import alive
@@ -22,13 +23,17 @@ def tiny_artifact(tmp_path_factory):
     return tiny_cnn_tflite(tmp_path_factory.mktemp("web") / "model.tflite")
 
 
-def test_browser_outputs_match_torch_and_litert(tiny_artifact):
+def test_browser_outputs_match_torch_and_litert(tiny_artifact, private_tmp):
     from ai_edge_litert.interpreter import Interpreter
 
     model, path = tiny_artifact
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal((1, 1, 8, 8)).astype(np.float32) for _ in range(3)]
     outs = run_litertjs(path, [[x] for x in xs])
+    assert list(private_tmp.iterdir()) == []  # Chromium's own temporary folder went with the run's
+    with browser.session(webgpu=False):  # the same through a session's browser
+        assert np.array_equal(run_litertjs(path, [[xs[0]]])[0][0], outs[0][0])
+    assert list(private_tmp.iterdir()) == []
     runner = Interpreter(model_path=str(path)).get_signature_runner()
     (in_name,) = runner.get_input_details()
     assert len(outs) == 3

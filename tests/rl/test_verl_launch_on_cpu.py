@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -36,6 +38,15 @@ SPAWN = textwrap.dedent("""
         sys.exit(3)
     import time; time.sleep(300)
 """)
+
+
+# What a VeRL run left in the temporary folder before its cluster got a folder of its own: vLLM's
+# file-store records and ZMQ sockets (uuid4 names), VeRL's checkpoint locks, the Ray session folder.
+LEFT_IN_TMP = re.compile(r"vllm_dist_[0-9a-f]{32}|ckpt_[0-9a-f]{8}\.lock|[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}|tpray-.+")
+
+
+def _left_in_tmp() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).iterdir() if LEFT_IN_TMP.fullmatch(p.name)}
 
 
 TEST_TAG = "TPU_PIPELINE_TEST_VERL_TAG"  # set by a test around its own run; inherited like the marker
@@ -175,7 +186,7 @@ def verl_run(tmp_path_factory, verl_policy):
     tiny_policy = verl_policy
     out = tmp_path_factory.mktemp("verl_run") / "run"
     tag = uuid.uuid4().hex
-    t0 = time.time()
+    t0, in_tmp = time.time(), _left_in_tmp()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(TEST_TAG, tag)
         # a reward a random policy earns about half the time (the recipe's is ~0 for it, so no gradient):
@@ -185,16 +196,17 @@ def verl_run(tmp_path_factory, verl_policy):
         r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--steps", "3", "--policy", str(tiny_policy),
                                      "--reward", "rewards_for_tests:odd_char_sum", "--out", str(out)]
                                + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
-    return out, r, time.time() - t0, set(_marked_processes(tag))
+    return out, r, time.time() - t0, set(_marked_processes(tag)), _left_in_tmp() - in_tmp
 
 
 @pytest.mark.slow
 def test_three_verl_steps_train_the_policy_and_leave_no_process(verl_run, verl_policy):
     from safetensors.torch import load_file
 
-    out, r, seconds, left = verl_run
+    out, r, seconds, left, left_in_tmp = verl_run
     assert r.exit_code == 0, r.output + (out / "verl" / "trainer.log").read_text()[-4000:]
     assert left == set()  # no Ray, vLLM or trainer process outlived the command
+    assert left_in_tmp == set()  # nor any of their files
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]
     for row in rows:
@@ -243,7 +255,7 @@ def test_vllm_that_cannot_load_the_policy_is_named_in_one_line(tmp_path, tiny_po
 
     _need_the_extra()
     log = tmp_path / "trainer.log"
-    env = {**os.environ, **ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env = {**os.environ, **ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TMPDIR": str(tmp_path)}  # its file store
     out = supervise([trainer_python(), "-c", VLLM_LOAD, str(tiny_policy)], env, log, timeout_s=300)
     assert out.returncode != 0 and out.stopped is None and out.survivors == []
     line = diagnose(log)
@@ -270,7 +282,7 @@ def test_worker_killed_mid_run_is_one_line_exit_6_and_keeps_the_checkpoint(tmp_p
 
     _need_the_extra()
     out = tmp_path / "v"
-    tag = uuid.uuid4().hex
+    tag, in_tmp = uuid.uuid4().hex, _left_in_tmp()
     small = {**SMALL, "trainer.save_every": 1}
     cmd = [sys.executable, "-m", "tpu_pipeline", "rl", "--engine", "verl", "--steps", "40", "--policy",
            str(verl_policy), "--out", str(out)] + [x for k, v in small.items() for x in ("--set", f"{k}={v}")]
@@ -293,3 +305,4 @@ def test_worker_killed_mid_run_is_one_line_exit_6_and_keeps_the_checkpoint(tmp_p
     kept = out / "verl" / "checkpoints" / f"global_step_{int(tracker.read_text())}"
     assert f"last good checkpoint: {kept}" in last and (kept / "actor").is_dir()
     assert _marked_processes(tag) == []  # Ray, vLLM and the other workers stopped too
+    assert _left_in_tmp() - in_tmp == set()
