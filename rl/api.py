@@ -155,7 +155,7 @@ def run(recipe: str = "grpo_math", out: str | Path | None = None, *, engine: str
 
         if cfg.policy.path:
             check_policy_files(cfg.policy.path, need_chat_template=cfg.policy.require_chat_template)
-        return launch(cfg, out, dry_run=dry_run, ray_address=ray_address, log=log)
+        return launch(cfg, out, dry_run=dry_run, ray_address=ray_address, log=log, resume=resume)
     if dry_run:
         raise UserError("--dry-run applies to --engine verl (it prints the VeRL command and config)")
     return _run_local(cfg, out, resume=resume, hooks=hooks, progress=progress, log=log, t_wall=t_wall)

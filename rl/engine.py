@@ -43,7 +43,7 @@ from tpu_pipeline.files import atomic_write_json
 from tpu_pipeline.metrics import MetricsWriter
 from tpu_pipeline.rl import algo, dapo
 from tpu_pipeline.rl.accel import autocast, chunk_weight, micro_batches, sampling_generator
-from tpu_pipeline.rl.recipe import RLConfig, fingerprint
+from tpu_pipeline.rl.recipe import RESUME_HINT, RLConfig, fingerprint
 from tpu_pipeline.rl.dapo import Sampled
 from tpu_pipeline.rl.evaluate import decode, encode_prompts, evaluate
 from tpu_pipeline.rl.rewards import GuardedReward
@@ -56,10 +56,6 @@ from tpu_pipeline.training import Hook, call_hooks, diverged
 # Without a KL loss, the KL to the warm start is only logged: every KL_EVERY steps
 # (a reference forward pass costs about a third of an update).
 KL_EVERY = 5
-
-RESUME_HINT = ("resume with the same recipe, --set overrides, --seed and --policy (only --steps, "
-               "--time-budget and logging may change), or use another --out")
-
 
 @dataclass
 class Engine:

@@ -7,6 +7,7 @@ loss_agg_mode, clip_ratio_*, use_kl_loss, kl_loss_coef, kl_loss_type, n), so
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Any, Literal
@@ -163,9 +164,14 @@ _RESUMABLE = {"trainer": ("steps", "time_budget_s", "save_every", "keep_checkpoi
                           "threads")}
 
 
-def fingerprint(cfg: RLConfig) -> dict:
-    """What a checkpoint must agree with to be resumed (tpu_pipeline.checkpoint compares it)."""
-    d = to_dict(cfg)
+RESUME_HINT = ("resume with the same recipe, --set overrides, --seed and --policy (only --steps, "
+               "--time-budget and logging may change), or use another --out")
+
+
+def fingerprint(cfg: RLConfig | dict) -> dict:
+    """What a checkpoint must agree with to be resumed (tpu_pipeline.checkpoint compares it); of a
+    config or of its to_dict form (a run folder's config.json)."""
+    d = copy.deepcopy(cfg) if isinstance(cfg, dict) else to_dict(cfg)
     for k in ("description", "expected_minutes_cpu", "expected_minutes_gpu", "verl"):
         d.pop(k, None)
     for section, keys in _RESUMABLE.items():

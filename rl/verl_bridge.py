@@ -46,6 +46,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tpu_pipeline._tpu_guard import tpu_hardware_present
+from tpu_pipeline.checkpoint import first_difference
 from tpu_pipeline.cpu_load import others_load_the_cores
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.files import atomic_write_json, atomic_write_text
@@ -53,7 +54,7 @@ from tpu_pipeline.rl.algo import resolve
 from tpu_pipeline.rl.data import build_source
 from tpu_pipeline.rl.evaluate import encode_prompts
 from tpu_pipeline.rl.policy import home, warm_start, warm_start_key, warm_start_overrides
-from tpu_pipeline.rl.recipe import RLConfig, to_dict
+from tpu_pipeline.rl.recipe import RESUME_HINT, RLConfig, fingerprint, to_dict
 from tpu_pipeline.rl.rewards import reward_location
 from tpu_pipeline.rl.verl_cpu_platform import ENV as CPU_ENV
 from tpu_pipeline.rl.verl_launch import FaultWatch, TrainerError, diagnose, supervise
@@ -416,7 +417,33 @@ def prompt_tokens_differ(local: list[list[int]], tokenizer, problems, *, hf_mode
     return None
 
 
-def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, log: Callable[[str], None]) -> dict:
+def resume_point(cfg: RLConfig, out: Path) -> Path:
+    """The checkpoint `--resume` continues from (VeRL's newest complete one in DIR), or UserError
+    when DIR holds none, was started with a config this one may not continue, or is already done."""
+    last = _last_checkpoint(out / "verl" / "checkpoints")
+    if last is None:
+        raise UserError(f"--resume: {out} holds no VeRL checkpoint to continue "
+                        "(verl/checkpoints/latest_checkpointed_iteration.txt); start it without --resume")
+    try:
+        started = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"--resume: {out}/config.json cannot be read ({type(e).__name__}); {RESUME_HINT}") from None
+    diff = first_difference(fingerprint(started), fingerprint(cfg))
+    if diff:
+        raise UserError(f"--resume: {out} was started with a different config ({diff}); {RESUME_HINT}")
+    done = int(last.name.removeprefix("global_step_"))
+    if cfg.trainer.steps <= done:
+        raise UserError(f"--resume: {out} is at step {done} already; pass --steps above {done} to go on")
+    return last
+
+
+def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, log: Callable[[str], None],
+           resume: bool = False) -> dict:
+    """Runs VeRL's Ray trainer on `cfg` (or composes its config only: dry_run). resume: continue
+    DIR's VeRL run from its newest checkpoint (resume_point)."""
+    if resume and dry_run:
+        raise UserError("--resume and --dry-run: a dry run starts nothing to continue; pass one of them")
+    resume_from = resume_point(cfg, out) if resume else None
     accel = accelerator_here()
     if cfg.trainer.device in ("cuda", "tpu", "npu"):
         device = cfg.trainer.device
@@ -430,12 +457,17 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
             raise UserError(f"--engine verl on CPU: {missing} for {python}; install the verl-cpu extra "
                             "(`make install` builds .venv-verl), pass --ray-address for a cluster, "
                             "or run the local engine (--engine local)")
-    if not dry_run and (out / "verl" / "checkpoints").exists():
-        raise UserError(f"{out} already holds a VeRL run; choose another --out")
+    if not dry_run and not resume and (out / "verl" / "checkpoints").exists():
+        raise UserError(f"{out} already holds a VeRL run; pass --resume to continue it or choose another --out")
     ray_tmp = None if (ray_address or dry_run or device != "cpu") else tempfile.mkdtemp(prefix="tpray-")
     ov, policy_path = prepare(cfg, out, log=log, device=device)
     if device == "cpu":
         ov = cpu_overrides(cfg, ov, out=out.resolve(), ray_tmp=ray_tmp)
+    if resume_from is not None:
+        _set(ov, "trainer.resume_mode", "resume_path")
+        _set(ov, "trainer.resume_from_path", str(resume_from.resolve()))
+    else:  # VeRL's default ("auto") would pick up a checkpoint folder's leftovers silently
+        _set(ov, "trainer.resume_mode", "disable")
     prompt_note = _prompt_tokens(cfg, ov, Path(policy_path), out / "verl" / "train.parquet")
     composed = compose(ov)
     yaml = OmegaConf.to_yaml(composed)
@@ -464,12 +496,19 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
         # and file-store records and VeRL's checkpoint locks otherwise stay in /tmp after every run
         Path(ray_tmp, "tmp").mkdir()
         env["TMPDIR"] = str(Path(ray_tmp, "tmp"))
-    atomic_write_json(out / "config.json", to_dict(cfg))
+    done = int(resume_from.name.removeprefix("global_step_")) if resume_from else 0
+    if not resume:  # a resumed run keeps the config.json it started with (resume_point matched it)
+        atomic_write_json(out / "config.json", to_dict(cfg))
 
     o = cfg.optim  # the first update's rate, which VeRL does not log (see verl_outputs.VERL_NEXT_LR)
-    first_lr = o.lr * lr_factor(0, total=cfg.trainer.steps, warmup=o.warmup_steps, min_ratio=1.0)
-    follower = MetricsFollower(out, total_steps=cfg.trainer.steps, log=log, first_lr=first_lr)
+    first_lr = o.lr * lr_factor(done, total=cfg.trainer.steps, warmup=o.warmup_steps, min_ratio=1.0)
+    follower = MetricsFollower(out, total_steps=cfg.trainer.steps, log=log, first_lr=first_lr, start_step=done)
     log_path = out / "verl" / "trainer.log"
+    if resume_from is not None:
+        # VeRL rewrites its metrics file, and the trainer log starts anew: the killed run's are kept
+        for path in (log_path, out / "verl" / "metrics.jsonl"):
+            _set_aside(path)
+        log(f"resuming from {resume_from} (step {done})")
     log(f"launching VeRL ({device}): {result['command']}\n  its log: {log_path}")
     t0 = time.time()
     try:
@@ -481,7 +520,8 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
         if ray_tmp:
             shutil.rmtree(ray_tmp, ignore_errors=True)
     result.update(returncode=outcome.returncode, trainer_seconds=round(outcome.seconds, 2),
-                  leftover_processes=outcome.survivors, log=str(log_path))
+                  leftover_processes=outcome.survivors, log=str(log_path),
+                  run_step_seconds=sum(r.get("step_seconds", 0.0) for r in follower.rows))
     if outcome.survivors:
         raise TrainerError(f"--engine verl: processes {outcome.survivors} outlived VeRL's trainer and could not "
                            "be stopped")
@@ -517,6 +557,16 @@ def _prompt_tokens(cfg: RLConfig, ov: list[str], policy: Path, train_file: Path)
     model_type = json.loads((policy / "config.json").read_text()).get("model_type")
     differ = prompt_tokens_differ(local, tok, problems, hf_model_type=model_type)
     return f"prompt tokens differ from the local engine's ({differ})" if differ else None
+
+
+def _set_aside(path: Path) -> None:
+    """NAME.EXT -> NAME.1.EXT (or the next free number), when it exists."""
+    if not path.exists():
+        return
+    n = 1
+    while path.with_name(f"{path.stem}.{n}{path.suffix}").exists():
+        n += 1
+    path.rename(path.with_name(f"{path.stem}.{n}{path.suffix}"))
 
 
 def _last_checkpoint(ckpts: Path) -> Path | None:

@@ -78,16 +78,20 @@ def local_row(step: int, data: dict, elapsed: float, lr: float | None = None) ->
 class MetricsFollower:
     """Follows DIR/verl/metrics.jsonl and appends DIR/metrics.jsonl rows as they come."""
 
-    def __init__(self, out: Path, *, total_steps: int, log: Callable[[str], None], first_lr: float | None = None):
-        """`first_lr`: the rate of the first update (VeRL logs each update's successor only)."""
+    def __init__(self, out: Path, *, total_steps: int, log: Callable[[str], None], first_lr: float | None = None,
+                 start_step: int = 0):
+        """`first_lr`: the rate of the first update (VeRL logs each update's successor only).
+        `start_step`: the step a resumed run continues from; DIR/metrics.jsonl keeps its rows up to
+        it (a killed run may have logged a step whose checkpoint it did not finish)."""
         self.src = out / "verl" / "metrics.jsonl"
-        self.writer = MetricsWriter(out, total_steps=total_steps, start_step=0, progress=False, description="rl",
-                                    tb_prefix="rl", lines=False)
+        self.writer = MetricsWriter(out, total_steps=total_steps, start_step=start_step, progress=False,
+                                    description="rl", tb_prefix="rl", lines=False)
+        kept = [json.loads(x) for x in self.writer.path.read_text().splitlines()] if start_step else []
         self.log = log
         self.total = total_steps
         self.seen = 0
-        self.elapsed = 0.0
-        self.rows: list[dict] = []
+        self.elapsed = float(kept[-1].get("elapsed_seconds", 0.0)) if kept else 0.0
+        self.rows: list[dict] = []  # this run's
         self.lr = first_lr  # the rate the next logged step's update ran at
 
     def poll(self) -> None:
@@ -166,7 +170,7 @@ def finish(cfg: RLConfig, out: Path, result: dict, *, policy_path: Path, checkpo
         "gain_points": round(100 * (after["accuracy"] - before["accuracy"]), 2),
         "steps": len(rows), "rl_seconds": round(sum(r.get("step_seconds", 0.0) for r in rows), 2),
         "trainer_seconds": result["trainer_seconds"],
-        "startup_seconds": round(result["trainer_seconds"] - sum(r.get("step_seconds", 0.0) for r in rows), 2),
+        "startup_seconds": round(result["trainer_seconds"] - result["run_step_seconds"], 2),
         "wall_seconds": round(time.time() - started, 2), "checkpoint": str(checkpoint),
         "warm_start": {"path": str(policy_path)}, "recipe": cfg.name, "device": result["device"],
         "command": result["command"], "leftover_processes": result["leftover_processes"],

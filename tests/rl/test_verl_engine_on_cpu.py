@@ -45,6 +45,7 @@ def test_composed_config_carries_the_recipe(dry, tiny_policy):
     assert c.reward.custom_reward_function.name == "compute_score"
     assert c.data.train_batch_size == 8 and c.data.max_response_length == 12
     assert c.trainer.total_training_steps == 7
+    assert c.trainer.resume_mode == "disable"  # VeRL's "auto" would pick up old checkpoints unasked
     assert res["command"].split()[1:3] == ["-m", "verl.trainer.main_ppo"]
 
 
@@ -144,6 +145,52 @@ def test_cpu_host_without_the_extra_stops_early_exit_2(tmp_path, tiny_policy, mo
     assert r.exit_code == 2, r.output
     assert "install the verl-cpu extra" in r.output and "Traceback" not in r.output
     assert time.time() - t0 < 120  # never waits on Ray
+
+
+def test_resume_continues_only_what_it_can(tmp_path, tiny_policy):
+    from tpu_pipeline.rl.recipe import load_recipe, to_dict
+    from tpu_pipeline.rl.verl_bridge import resume_point
+
+    out = tmp_path / "run"
+    cfg = load_recipe("grpo_math", {"trainer.steps": 3})
+    r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--resume", "--steps", "3", "--policy", str(tiny_policy),
+                                 "--out", str(out)])
+    assert r.exit_code == 2 and r.output.startswith("Error: --resume: ") and "holds no VeRL checkpoint" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not out.exists()
+    ckpts = out / "verl" / "checkpoints"
+    (ckpts / "global_step_2").mkdir(parents=True)
+    (ckpts / "latest_checkpointed_iteration.txt").write_text("2")
+    (out / "config.json").write_text(json.dumps(to_dict(cfg)))
+    assert resume_point(cfg, out) == ckpts / "global_step_2"
+    # how long it runs and how often it saves may change; what shapes the steps may not
+    assert resume_point(load_recipe("grpo_math", {"trainer.steps": 9, "trainer.save_every": 1}), out).name == \
+        "global_step_2"
+    with pytest.raises(UserError, match=r"different config \(optim\.lr: checkpoint has 3e-05, this run 0\.0001\)"):
+        resume_point(load_recipe("grpo_math", {"trainer.steps": 3, "optim.lr": 1e-4}), out)
+    with pytest.raises(UserError, match="at step 2 already; pass --steps above 2"):
+        resume_point(load_recipe("grpo_math", {"trainer.steps": 2}), out)
+    (ckpts / "latest_checkpointed_iteration.txt").write_text("7")  # a tracker naming a folder that is gone
+    with pytest.raises(UserError, match="holds no VeRL checkpoint"):
+        resume_point(cfg, out)
+
+
+def test_a_resumed_runs_metrics_go_on_from_its_checkpoint(tmp_path):
+    """The killed run logged step 3 but saved step 2 only: its row 3 is replaced by the resumed
+    run's, whose first row carries the rate given for update 3 and the time goes on from step 2."""
+    from tpu_pipeline.rl.verl_outputs import MetricsFollower
+
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": k, "reward": 0.1 * k, "elapsed_seconds": float(k)}) + "\n" for k in (1, 2, 3)))
+    (tmp_path / "verl").mkdir()
+    (tmp_path / "verl" / "metrics.jsonl").write_text("".join(  # VeRL's file, rewritten by the resumed trainer
+        json.dumps({"step": k, "data": {"timing_s/step": 1.5, "actor/lr": 0.1 * k}}) + "\n" for k in (3, 4)))
+    f = MetricsFollower(tmp_path, total_steps=4, log=lambda m: None, first_lr=0.25, start_step=2)
+    f.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["step"] for r in f.rows] == [3, 4]
+    assert [r["elapsed_seconds"] for r in rows] == [1.0, 2.0, 3.5, 5.0]
+    assert rows[1]["reward"] == pytest.approx(0.2) and "reward" not in rows[2]  # step 3 is the new run's
+    assert [r["lr"] for r in rows[2:]] == pytest.approx([0.25, 0.3])
 
 
 @pytest.mark.parametrize("warmup", [20, 0])

@@ -1,10 +1,11 @@
 """`rl --engine verl` for real on this CPU host: VeRL's Ray trainer (FSDP2 on gloo,
-vLLM's CPU rollout) trains the tiny policy for 3 steps, the run folder holds what
-the local engine writes, and no Ray or vLLM process outlives the command. Also:
-the supervisor stops every process it started; a Ray cluster that cannot be
-reached, or an FSDP worker killed mid-run (a second real launch), is one line with
-exit 6, the last good checkpoint kept and named; a policy vLLM cannot load is named
-from vLLM's own failure (vLLM alone, not a whole launch)."""
+vLLM's CPU rollout). Two real launches: the first has its FSDP worker SIGKILLed after
+step 1's checkpoint (one line, exit 6, the checkpoint kept and named); `--resume`
+continues it to 3 steps, and the run folder then holds what the local engine writes.
+No Ray or vLLM process, and none of their temporary files, outlives either command.
+Also: the supervisor stops every process it started; a Ray cluster that cannot be
+reached is one line with exit 6; a policy vLLM cannot load is named from vLLM's own
+failure (vLLM alone, not a whole launch)."""
 
 from __future__ import annotations
 
@@ -180,35 +181,94 @@ def verl_policy(tmp_path_factory) -> Path:
     return out
 
 
+def _worker_pids(tag: str) -> list[int]:
+    """VeRL's FSDP actor processes (Ray names them ray::WorkerDict...) of the run tagged `tag`."""
+    pids = []
+    for pid in _marked_processes(tag):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::WorkerDict"):
+                pids.append(pid)
+        except OSError:
+            pass
+    return pids
+
+
+# Both launches: 3 steps, a checkpoint after each, a reward a random policy earns about half the time
+# (the recipe's is ~0 for it, so no gradient); VeRL's reward workers import it as
+# pkg://rewards_for_tests, from PYTHONPATH.
+LAUNCH = ["rl", "--engine", "verl", "--steps", "3", "--reward", "rewards_for_tests:odd_char_sum"] + [
+    x for k, v in {**SMALL, "trainer.save_every": 1}.items() for x in ("--set", f"{k}={v}")]
+TESTS_PATH = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+
+
 @pytest.fixture(scope="module")
-def verl_run(tmp_path_factory, verl_policy):
+def killed_run(tmp_path_factory, verl_policy):
+    """A real fault: the FSDP worker process is SIGKILLed once step 1's checkpoint is on disk."""
+    import signal
+
     _need_the_extra()
-    tiny_policy = verl_policy
     out = tmp_path_factory.mktemp("verl_run") / "run"
+    tag, in_tmp = uuid.uuid4().hex, _left_in_tmp()
+    proc = subprocess.Popen([sys.executable, "-m", "tpu_pipeline", *LAUNCH, "--policy", str(verl_policy),
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, TEST_TAG: tag, "PYTHONPATH": TESTS_PATH})
+    tracker = out / "verl" / "checkpoints" / "latest_checkpointed_iteration.txt"
+    killed, deadline = [], time.monotonic() + 600
+    while proc.poll() is None and not killed and time.monotonic() < deadline:
+        if tracker.is_file():
+            killed = _worker_pids(tag)
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+    stdout, stderr = proc.communicate(timeout=300)
+    step = int(tracker.read_text()) if tracker.is_file() else None
+    return out, proc.returncode, stdout, stderr, killed, step, _marked_processes(tag), _left_in_tmp() - in_tmp
+
+
+@pytest.fixture(scope="module")
+def verl_run(killed_run, verl_policy):
+    """`--resume` of the killed run, to its 3 steps."""
+    out, *_ = killed_run
     tag = uuid.uuid4().hex
     t0, in_tmp = time.time(), _left_in_tmp()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(TEST_TAG, tag)
-        # a reward a random policy earns about half the time (the recipe's is ~0 for it, so no gradient):
-        # VeRL's reward workers import it as pkg://rewards_for_tests, from PYTHONPATH
-        mp.syspath_prepend(str(Path(__file__).parent))  # and this process, for eval.json's scores
-        mp.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
-        r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--steps", "3", "--policy", str(tiny_policy),
-                                     "--reward", "rewards_for_tests:odd_char_sum", "--out", str(out)]
-                               + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
+        mp.syspath_prepend(str(Path(__file__).parent))  # this process scores eval.json with the reward
+        mp.setenv("PYTHONPATH", TESTS_PATH)
+        r = CliRunner().invoke(cli, [*LAUNCH, "--resume", "--policy", str(verl_policy), "--out", str(out)])
     return out, r, time.time() - t0, set(_marked_processes(tag)), _left_in_tmp() - in_tmp
 
 
 @pytest.mark.slow
-def test_three_verl_steps_train_the_policy_and_leave_no_process(verl_run, verl_policy):
+def test_worker_killed_mid_run_is_one_line_exit_6_and_keeps_the_checkpoint(killed_run):
+    out, returncode, stdout, stderr, killed, step, left, left_in_tmp = killed_run
+    assert killed, f"no worker to kill (exit {returncode}): {stderr[-3000:]}"
+    assert returncode == EXIT_TRAINER, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: --engine verl: a VeRL worker died"), last
+    assert "Traceback" not in stderr + stdout
+    kept = out / "verl" / "checkpoints" / f"global_step_{step}"
+    assert f"last good checkpoint: {kept}" in last and (kept / "actor").is_dir()
+    assert left == []  # Ray, vLLM and the other workers stopped too
+    assert left_in_tmp == set()  # and none of their files stayed in the temporary folder
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_and_its_three_verl_steps_train_the_policy_leaving_no_process(verl_run, killed_run,
+                                                                                         verl_policy):
     from safetensors.torch import load_file
 
     out, r, seconds, left, left_in_tmp = verl_run
     assert r.exit_code == 0, r.output + (out / "verl" / "trainer.log").read_text()[-4000:]
     assert left == set()  # no Ray, vLLM or trainer process outlived the command
     assert left_in_tmp == set()  # nor any of their files
+    step = killed_run[5]
+    assert f"resuming from {out / 'verl' / 'checkpoints' / f'global_step_{step}'} (step {step})" in r.output
+    assert f"Resuming from {(out / 'verl' / 'checkpoints' / f'global_step_{step}').resolve()}" in \
+        (out / "verl" / "trainer.log").read_text()  # VeRL's own word that it loaded the checkpoint
+    assert (out / "verl" / "trainer.1.log").is_file()  # the killed run's log is kept
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in rows] == [1, 2, 3]
+    assert [row["step"] for row in rows] == [1, 2, 3]  # the killed run's step 1, the resumed run's 2 and 3
     for row in rows:
         assert 0.0 <= row["reward"] <= 1.0 and 0.0 <= row["accuracy"] <= 1.0
         assert row["step_seconds"] > 0 and row["rollout_seconds"] > 0 and row["response_length"] > 0
@@ -230,13 +290,13 @@ def test_three_verl_steps_train_the_policy_and_leave_no_process(verl_run, verl_p
     names = [p["phase"] for p in evals["startup_phases"]]
     assert names[0] == "driver imported VeRL" and {"Ray started", "vLLM engine ready, trainer ready"} <= set(names)
     assert all(p["took_s"] >= 0 for p in evals["startup_phases"])
-    print(f"verl 3-step launch: {seconds:.0f} s wall, startup {evals['startup_seconds']} s, "
+    print(f"verl resumed launch (steps 2-3): {seconds:.0f} s wall, startup {evals['startup_seconds']} s, "
           f"steps {[round(r['step_seconds'], 2) for r in rows]}, phases {evals['startup_phases']}")
 
 
 # vLLM's own engine on a policy its CPU attention has no kernel for (head_dim 16), without Ray or FSDP:
 # the failure a launch meets, at a fraction of a launch's start-up (the launch path to exit 6 is the
-# killed worker's test below).
+# killed run above).
 # In-process (VLLM_ENABLE_V1_MULTIPROCESSING=0: no EngineCore and Worker processes to spawn), 53 s here
 # against 272 s for the launch it replaced.
 VLLM_LOAD = textwrap.dedent("""
@@ -260,49 +320,3 @@ def test_vllm_that_cannot_load_the_policy_is_named_in_one_line(tmp_path, tiny_po
     assert out.returncode != 0 and out.stopped is None and out.survivors == []
     line = diagnose(log)
     assert line.startswith("vLLM could not load the policy") and "head_dim=16" in line and "\n" not in line, line
-
-
-def _worker_pids(tag: str) -> list[int]:
-    """VeRL's FSDP actor processes (Ray names them ray::WorkerDict...) of the run tagged `tag`."""
-    pids = []
-    for pid in _marked_processes(tag):
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::WorkerDict"):
-                pids.append(pid)
-        except OSError:
-            pass
-    return pids
-
-
-@pytest.mark.slow
-def test_worker_killed_mid_run_is_one_line_exit_6_and_keeps_the_checkpoint(tmp_path, verl_policy):
-    """A real fault: the FSDP worker process is SIGKILLed once step 1's checkpoint is on disk."""
-    import signal
-    import subprocess
-
-    _need_the_extra()
-    out = tmp_path / "v"
-    tag, in_tmp = uuid.uuid4().hex, _left_in_tmp()
-    small = {**SMALL, "trainer.save_every": 1}
-    cmd = [sys.executable, "-m", "tpu_pipeline", "rl", "--engine", "verl", "--steps", "40", "--policy",
-           str(verl_policy), "--out", str(out)] + [x for k, v in small.items() for x in ("--set", f"{k}={v}")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, TEST_TAG: tag})
-    tracker = out / "verl" / "checkpoints" / "latest_checkpointed_iteration.txt"
-    killed, deadline = [], time.monotonic() + 600
-    while proc.poll() is None and not killed and time.monotonic() < deadline:
-        if tracker.is_file():
-            killed = _worker_pids(tag)
-            for pid in killed:
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.5)
-    stdout, stderr = proc.communicate(timeout=300)
-    assert killed, f"no worker to kill (exit {proc.returncode}): {stderr[-3000:]}"
-    assert proc.returncode == EXIT_TRAINER, stderr[-3000:]
-    last = stderr.strip().splitlines()[-1]
-    assert last.startswith("Error: --engine verl: a VeRL worker died"), last
-    assert "Traceback" not in stderr + stdout
-    kept = out / "verl" / "checkpoints" / f"global_step_{int(tracker.read_text())}"
-    assert f"last good checkpoint: {kept}" in last and (kept / "actor").is_dir()
-    assert _marked_processes(tag) == []  # Ray, vLLM and the other workers stopped too
-    assert _left_in_tmp() - in_tmp == set()
