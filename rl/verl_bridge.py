@@ -459,79 +459,82 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
                             "or run the local engine (--engine local)")
     if not dry_run and not resume and (out / "verl" / "checkpoints").exists():
         raise UserError(f"{out} already holds a VeRL run; pass --resume to continue it or choose another --out")
+    # the local cluster's own folder (its Ray session, TMPDIR for its processes): removed on every way out
     ray_tmp = None if (ray_address or dry_run or device != "cpu") else tempfile.mkdtemp(prefix="tpray-")
-    ov, policy_path = prepare(cfg, out, log=log, device=device)
-    if device == "cpu":
-        ov = cpu_overrides(cfg, ov, out=out.resolve(), ray_tmp=ray_tmp)
-    if resume_from is not None:
-        _set(ov, "trainer.resume_mode", "resume_path")
-        _set(ov, "trainer.resume_from_path", str(resume_from.resolve()))
-    else:  # VeRL's default ("auto") would pick up a checkpoint folder's leftovers silently
-        _set(ov, "trainer.resume_mode", "disable")
-    prompt_note = _prompt_tokens(cfg, ov, Path(policy_path), out / "verl" / "train.parquet")
-    composed = compose(ov)
-    yaml = OmegaConf.to_yaml(composed)
-    atomic_write_text(out / "verl" / "ppo_trainer.yaml", yaml)
-    cmd = command(ov, ray_address, python)
-    result = {"engine": "verl", "command": shlex.join(cmd), "config": str(out / "verl" / "ppo_trainer.yaml"),
-              "overrides": ov, "policy": str(policy_path), "dry_run": dry_run, "device": device,
-              "departures": departures(cfg) + ([prompt_note] if prompt_note else [])}
-    if dry_run:
-        log(yaml)
-        return result
-    if not Path(policy_path, "config.json").is_file():
-        raise UserError(f"--engine verl: policy {policy_path} does not exist yet; run the local engine once to "
-                        "train the warm start, or set policy.path")
-    env = dict(os.environ)
-    if device == "tpu":
-        env["VERL_PLATFORM"] = "tpu"
-    if device == "cpu":
-        env.update(CPU_ENV, VERL_FILE_LOGGER_PATH=str((out / "verl" / "metrics.jsonl").resolve()),
-                   PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0", **LOCAL_RAY_ENV)
-        env.pop("CUDA_VISIBLE_DEVICES", None)
-    if ray_address:
-        env["RAY_ADDRESS"] = ray_address
-    if ray_tmp:
-        # the local cluster's temporary files go in its own folder, removed at the end: vLLM's ZMQ sockets
-        # and file-store records and VeRL's checkpoint locks otherwise stay in /tmp after every run
-        Path(ray_tmp, "tmp").mkdir()
-        env["TMPDIR"] = str(Path(ray_tmp, "tmp"))
-    done = int(resume_from.name.removeprefix("global_step_")) if resume_from else 0
-    if not resume:  # a resumed run keeps the config.json it started with (resume_point matched it)
-        atomic_write_json(out / "config.json", to_dict(cfg))
-
-    o = cfg.optim  # the first update's rate, which VeRL does not log (see verl_outputs.VERL_NEXT_LR)
-    first_lr = o.lr * lr_factor(done, total=cfg.trainer.steps, warmup=o.warmup_steps, min_ratio=1.0)
-    follower = MetricsFollower(out, total_steps=cfg.trainer.steps, log=log, first_lr=first_lr, start_step=done)
-    log_path = out / "verl" / "trainer.log"
-    if resume_from is not None:
-        # VeRL rewrites its metrics file, and the trainer log starts anew: the killed run's are kept
-        for path in (log_path, out / "verl" / "metrics.jsonl"):
-            _set_aside(path)
-        log(f"resuming from {resume_from} (step {done})")
-    log(f"launching VeRL ({device}): {result['command']}\n  its log: {log_path}")
-    t0 = time.time()
     try:
-        # cwd: hydra writes its outputs/ folder there, beside the trainer's log
-        outcome = supervise(cmd, env, log_path, cwd=(out / "verl").resolve(), on_poll=follower.poll,
-                            stop_when=FaultWatch(log_path))
+        ov, policy_path = prepare(cfg, out, log=log, device=device)
+        if device == "cpu":
+            ov = cpu_overrides(cfg, ov, out=out.resolve(), ray_tmp=ray_tmp)
+        if resume_from is not None:
+            _set(ov, "trainer.resume_mode", "resume_path")
+            _set(ov, "trainer.resume_from_path", str(resume_from.resolve()))
+        else:  # VeRL's default ("auto") would pick up a checkpoint folder's leftovers silently
+            _set(ov, "trainer.resume_mode", "disable")
+        prompt_note = _prompt_tokens(cfg, ov, Path(policy_path), out / "verl" / "train.parquet")
+        composed = compose(ov)
+        yaml = OmegaConf.to_yaml(composed)
+        atomic_write_text(out / "verl" / "ppo_trainer.yaml", yaml)
+        cmd = command(ov, ray_address, python)
+        result = {"engine": "verl", "command": shlex.join(cmd), "config": str(out / "verl" / "ppo_trainer.yaml"),
+                  "overrides": ov, "policy": str(policy_path), "dry_run": dry_run, "device": device,
+                  "departures": departures(cfg) + ([prompt_note] if prompt_note else [])}
+        if dry_run:
+            log(yaml)
+            return result
+        if not Path(policy_path, "config.json").is_file():
+            raise UserError(f"--engine verl: policy {policy_path} does not exist yet; run the local engine once to "
+                            "train the warm start, or set policy.path")
+        env = dict(os.environ)
+        if device == "tpu":
+            env["VERL_PLATFORM"] = "tpu"
+        if device == "cpu":
+            env.update(CPU_ENV, VERL_FILE_LOGGER_PATH=str((out / "verl" / "metrics.jsonl").resolve()),
+                       PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0", **LOCAL_RAY_ENV)
+            env.pop("CUDA_VISIBLE_DEVICES", None)
+        if ray_address:
+            env["RAY_ADDRESS"] = ray_address
+        if ray_tmp:
+            # the local cluster's temporary files go in its own folder, removed at the end: vLLM's ZMQ sockets
+            # and file-store records and VeRL's checkpoint locks otherwise stay in /tmp after every run
+            Path(ray_tmp, "tmp").mkdir()
+            env["TMPDIR"] = str(Path(ray_tmp, "tmp"))
+        done = int(resume_from.name.removeprefix("global_step_")) if resume_from else 0
+        if not resume:  # a resumed run keeps the config.json it started with (resume_point matched it)
+            atomic_write_json(out / "config.json", to_dict(cfg))
+
+        o = cfg.optim  # the first update's rate, which VeRL does not log (see verl_outputs.VERL_NEXT_LR)
+        first_lr = o.lr * lr_factor(done, total=cfg.trainer.steps, warmup=o.warmup_steps, min_ratio=1.0)
+        follower = MetricsFollower(out, total_steps=cfg.trainer.steps, log=log, first_lr=first_lr, start_step=done)
+        log_path = out / "verl" / "trainer.log"
+        if resume_from is not None:
+            # VeRL rewrites its metrics file, and the trainer log starts anew: the killed run's are kept
+            for path in (log_path, out / "verl" / "metrics.jsonl"):
+                _set_aside(path)
+            log(f"resuming from {resume_from} (step {done})")
+        log(f"launching VeRL ({device}): {result['command']}\n  its log: {log_path}")
+        t0 = time.time()
+        try:
+            # cwd: hydra writes its outputs/ folder there, beside the trainer's log
+            outcome = supervise(cmd, env, log_path, cwd=(out / "verl").resolve(), on_poll=follower.poll,
+                                stop_when=FaultWatch(log_path))
+        finally:
+            follower.close()
+        result.update(returncode=outcome.returncode, trainer_seconds=round(outcome.seconds, 2),
+                      leftover_processes=outcome.survivors, log=str(log_path),
+                      run_step_seconds=sum(r.get("step_seconds", 0.0) for r in follower.rows))
+        if outcome.survivors:
+            raise TrainerError(f"--engine verl: processes {outcome.survivors} outlived VeRL's trainer and could not "
+                               "be stopped")
+        ckpts = out / "verl" / "checkpoints"
+        if outcome.returncode != 0 or outcome.stopped:
+            last = _last_checkpoint(ckpts)
+            keep = f"; last good checkpoint: {last}" if last else "; no checkpoint was saved"
+            raise TrainerError(f"--engine verl: {outcome.stopped or diagnose(log_path)}{keep}; log: {log_path}")
+        return finish(cfg, out, result, policy_path=Path(policy_path), checkpoint=_last_checkpoint(ckpts),
+                      started=t0, log=log)
     finally:
-        follower.close()
         if ray_tmp:
             shutil.rmtree(ray_tmp, ignore_errors=True)
-    result.update(returncode=outcome.returncode, trainer_seconds=round(outcome.seconds, 2),
-                  leftover_processes=outcome.survivors, log=str(log_path),
-                  run_step_seconds=sum(r.get("step_seconds", 0.0) for r in follower.rows))
-    if outcome.survivors:
-        raise TrainerError(f"--engine verl: processes {outcome.survivors} outlived VeRL's trainer and could not "
-                           "be stopped")
-    ckpts = out / "verl" / "checkpoints"
-    if outcome.returncode != 0 or outcome.stopped:
-        last = _last_checkpoint(ckpts)
-        keep = f"; last good checkpoint: {last}" if last else "; no checkpoint was saved"
-        raise TrainerError(f"--engine verl: {outcome.stopped or diagnose(log_path)}{keep}; log: {log_path}")
-    return finish(cfg, out, result, policy_path=Path(policy_path), checkpoint=_last_checkpoint(ckpts),
-                  started=t0, log=log)
 
 
 def _prompt_tokens(cfg: RLConfig, ov: list[str], policy: Path, train_file: Path) -> str | None:

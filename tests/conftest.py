@@ -83,9 +83,14 @@ def _isolated_home(tmp_path_factory, monkeypatch):
 def private_tmp(tmp_path_factory, monkeypatch):
     """A temporary folder of the test's own, as TMPDIR for it and its children: what a run leaves
     behind in the temporary folder (nothing, when it cleans up) is what this folder holds after it."""
+    import getpass
     import tempfile
 
     tmp = tmp_path_factory.mktemp("tmpdir")
+    # inductor's compile cache is meant to outlive a run: it stays where it was (its default, under
+    # the real temporary folder), for this process and its children
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get(
+        "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")))
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # gettempdir() caches its first answer
     return tmp

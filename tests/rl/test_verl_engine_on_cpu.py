@@ -147,6 +147,19 @@ def test_cpu_host_without_the_extra_stops_early_exit_2(tmp_path, tiny_policy, mo
     assert time.time() - t0 < 120  # never waits on Ray
 
 
+def test_a_launch_refused_before_it_starts_leaves_nothing_in_the_temporary_folder(tmp_path, private_tmp):
+    from tpu_pipeline.rl.verl_bridge import cpu_backend_missing, trainer_python
+
+    if cpu_backend_missing(trainer_python()):
+        pytest.skip("the verl-cpu extra is not installed; `make install` builds .venv-verl")
+    # no --policy and no cached warm start (this test's own home): refused after the cluster's
+    # folder was made, before anything starts
+    r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--steps", "2", "--out", str(tmp_path / "v")]
+                           + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
+    assert r.exit_code == 2 and "does not exist yet" in r.output, r.output
+    assert list(private_tmp.iterdir()) == []
+
+
 def test_resume_continues_only_what_it_can(tmp_path, tiny_policy):
     from tpu_pipeline.rl.recipe import load_recipe, to_dict
     from tpu_pipeline.rl.verl_bridge import resume_point
