@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -87,7 +88,8 @@ def test_a_conversion_killed_with_sigkill_leaves_no_browser(tmp_path):
     script = tmp_path / "hold.py"
     script.write_text("import time\nfrom tpu_pipeline.convert import browser\n"
                       "s = browser.Session(webgpu=False)\nprint(s.proc.pid, flush=True)\ntime.sleep(120)\n")
-    holder = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})  # the dead holder's folders stay there
     chromium = int(holder.stdout.readline())
     assert alive(chromium)
     holder.kill()
