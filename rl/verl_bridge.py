@@ -421,6 +421,8 @@ def resume_point(cfg: RLConfig, out: Path) -> Path:
     """The checkpoint `--resume` continues from (VeRL's newest complete one in DIR), or UserError
     when DIR holds none, was started with a config this one may not continue, or is already done."""
     last = _last_checkpoint(out / "verl" / "checkpoints")
+    if last is None and (out / "checkpoints").is_dir():
+        raise UserError(f"--resume: {out} holds a run of the local engine, not VeRL's; resume it with --engine local")
     if last is None:
         raise UserError(f"--resume: {out} holds no VeRL checkpoint to continue "
                         "(verl/checkpoints/latest_checkpointed_iteration.txt); start it without --resume")
@@ -444,6 +446,11 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
     if resume and dry_run:
         raise UserError("--resume and --dry-run: a dry run starts nothing to continue; pass one of them")
     resume_from = resume_point(cfg, out) if resume else None
+    if not dry_run and not resume and (out / "verl" / "checkpoints").exists():
+        raise UserError(f"{out} already holds a VeRL run; pass --resume to continue it or choose another --out")
+    if not dry_run and not resume and (out / "metrics.jsonl").exists():  # a run's figures are never overwritten
+        who = "a VeRL run that saved no checkpoint" if (out / "verl").is_dir() else "a run of the local engine"
+        raise UserError(f"{out} already holds {who}; choose another --out")
     accel = accelerator_here()
     if cfg.trainer.device in ("cuda", "tpu", "npu"):
         device = cfg.trainer.device
@@ -457,8 +464,6 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
             raise UserError(f"--engine verl on CPU: {missing} for {python}; install the verl-cpu extra "
                             "(`make install` builds .venv-verl), pass --ray-address for a cluster, "
                             "or run the local engine (--engine local)")
-    if not dry_run and not resume and (out / "verl" / "checkpoints").exists():
-        raise UserError(f"{out} already holds a VeRL run; pass --resume to continue it or choose another --out")
     # the local cluster's own folder (its Ray session, TMPDIR for its processes): removed on every way out
     ray_tmp = None if (ray_address or dry_run or device != "cpu") else tempfile.mkdtemp(prefix="tpray-")
     try:

@@ -187,6 +187,20 @@ def test_resume_continues_only_what_it_can(tmp_path, tiny_policy):
         resume_point(cfg, out)
 
 
+def test_a_local_engine_run_is_neither_overwritten_nor_resumed_by_verl(tmp_path, tiny_policy):
+    out = tmp_path / "local"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
+    (out / "config.json").write_text("{}")
+    for flags, words in ((["--resume"], "holds a run of the local engine, not VeRL's; resume it with --engine local"),
+                         ([], "already holds a run of the local engine")):
+        r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--steps", "3", "--policy", str(tiny_policy),
+                                     "--out", str(out), *flags])
+        assert r.exit_code == 2 and words in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert (out / "metrics.jsonl").read_text() == '{"step": 1, "reward": 0.5}\n'
+    assert (out / "config.json").read_text() == "{}" and not (out / "verl").exists()
+
+
 def test_a_resumed_runs_metrics_go_on_from_its_checkpoint(tmp_path):
     """The killed run logged step 3 but saved step 2 only: its row 3 is replaced by the resumed
     run's, whose first row carries the rate given for update 3 and the time goes on from step 2."""
