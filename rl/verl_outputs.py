@@ -86,7 +86,8 @@ class MetricsFollower:
         self.src = out / "verl" / "metrics.jsonl"
         self.writer = MetricsWriter(out, total_steps=total_steps, start_step=start_step, progress=False,
                                     description="rl", tb_prefix="rl", lines=False)
-        kept = [json.loads(x) for x in self.writer.path.read_text().splitlines()] if start_step else []
+        kept = [json.loads(x) for x in self.writer.path.read_text().splitlines()] \
+            if start_step and self.writer.path.is_file() else []
         self.log = log
         self.total = total_steps
         self.seen = 0

@@ -218,6 +218,10 @@ def test_a_resumed_runs_metrics_go_on_from_its_checkpoint(tmp_path):
     assert [r["elapsed_seconds"] for r in rows] == [1.0, 2.0, 3.5, 5.0]
     assert rows[1]["reward"] == pytest.approx(0.2) and "reward" not in rows[2]  # step 3 is the new run's
     assert [r["lr"] for r in rows[2:]] == pytest.approx([0.25, 0.3])
+    (tmp_path / "metrics.jsonl").unlink()  # a folder whose figures were removed by hand: the time starts at 0
+    f = MetricsFollower(tmp_path, total_steps=4, log=lambda m: None, first_lr=0.25, start_step=2)
+    f.close()
+    assert [r["elapsed_seconds"] for r in f.rows] == [1.5, 3.0]
 
 
 @pytest.mark.parametrize("warmup", [20, 0])
