@@ -446,11 +446,12 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
     if resume and dry_run:
         raise UserError("--resume and --dry-run: a dry run starts nothing to continue; pass one of them")
     resume_from = resume_point(cfg, out) if resume else None
-    if not dry_run and not resume and (out / "verl" / "checkpoints").exists():
-        raise UserError(f"{out} already holds a VeRL run; pass --resume to continue it or choose another --out")
-    if not dry_run and not resume and (out / "metrics.jsonl").exists():  # a run's figures are never overwritten
-        who = "a VeRL run that saved no checkpoint" if (out / "verl").is_dir() else "a run of the local engine"
-        raise UserError(f"{out} already holds {who}; choose another --out")
+    if not dry_run and not resume:  # a run's checkpoints and figures are never overwritten
+        if (out / "verl" / "checkpoints").exists():
+            raise UserError(f"{out} already holds a VeRL run; pass --resume to continue it or choose another --out")
+        if (out / "metrics.jsonl").exists():
+            who = "a VeRL run that saved no checkpoint" if (out / "verl").is_dir() else "a run of the local engine"
+            raise UserError(f"{out} already holds {who}; choose another --out")
     accel = accelerator_here()
     if cfg.trainer.device in ("cuda", "tpu", "npu"):
         device = cfg.trainer.device
@@ -498,9 +499,7 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
             env.pop("CUDA_VISIBLE_DEVICES", None)
         if ray_address:
             env["RAY_ADDRESS"] = ray_address
-        if ray_tmp:
-            # the local cluster's temporary files go in its own folder, removed at the end: vLLM's ZMQ sockets
-            # and file-store records and VeRL's checkpoint locks otherwise stay in /tmp after every run
+        if ray_tmp:  # vLLM's ZMQ sockets and file-store records, VeRL's checkpoint locks (DESIGN.md)
             Path(ray_tmp, "tmp").mkdir()
             env["TMPDIR"] = str(Path(ray_tmp, "tmp"))
         done = int(resume_from.name.removeprefix("global_step_")) if resume_from else 0
