@@ -170,6 +170,9 @@ def test_resume_continues_only_what_it_can(tmp_path, tiny_policy):
                                  "--out", str(out)])
     assert r.exit_code == 2 and r.output.startswith("Error: --resume: ") and "holds no VeRL checkpoint" in r.output
     assert len(r.output.strip().splitlines()) == 1 and not out.exists()
+    r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--resume", "--dry-run", "--steps", "3", "--policy",
+                                 str(tiny_policy), "--out", str(out)])
+    assert r.exit_code == 2 and r.output.startswith("Error: --resume and --dry-run") and not out.exists()
     ckpts = out / "verl" / "checkpoints"
     (ckpts / "global_step_2").mkdir(parents=True)
     (ckpts / "latest_checkpointed_iteration.txt").write_text("2")
