@@ -153,6 +153,42 @@ MEMBERS: dict[str, Member] = {m.name: m for m in [
     }, head="classifier"),
 ]}
 
+# Architectures beyond the tested zoo (tiny size only), for `bench/zoo.py --size tiny --models ...`:
+# where the tool's verdicts on them stand is docs/BENCHMARKS.md's "Architectures outside the zoo".
+EXTRA: dict[str, Member] = {m.name: m for m in [
+    Member("beit", "BeitForImageClassification", "logits", "classification", "image", {
+        "tiny": _img("BeitConfig", 32, image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=2, intermediate_size=64, num_labels=10, use_relative_position_bias=True),
+    }, head="classifier"),
+    Member("poolformer", "PoolFormerForImageClassification", "logits", "classification", "image", {
+        "tiny": _img("PoolFormerConfig", 32, depths=[1, 1], hidden_sizes=[16, 32], num_encoder_blocks=2,
+                     patch_sizes=[7, 3], strides=[4, 2], padding=[2, 1], num_labels=10),
+    }, head="classifier"),
+    Member("mobilenet_v2_deeplab", "MobileNetV2ForSemanticSegmentation", "logits", "segmentation", "image", {
+        "tiny": _img("MobileNetV2Config", 64, depth_multiplier=0.35, image_size=64, num_labels=5),
+    }, head="segmentation_head.classifier.convolution"),
+    Member("dpt", "DPTForDepthEstimation", "predicted_depth", "segmentation", "image", {
+        "tiny": _img("DPTConfig", 32, image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=4,
+                     num_attention_heads=2, intermediate_size=64, backbone_out_indices=[0, 1, 2, 3],
+                     neck_hidden_sizes=[8, 16, 32, 32], fusion_hidden_size=16, reassemble_factors=[4, 2, 1, 0.5],
+                     head_in_index=-1),
+    }),
+    *(Member(name, cls, "logits", "classification", "text", {
+        "tiny": (cfg, dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=40, num_labels=3, **kw), 16),
+    }, head=head) for name, cls, cfg, kw, head in (
+        ("roberta", "RobertaForSequenceClassification", "RobertaConfig", {}, "classifier.out_proj"),
+        ("albert", "AlbertForSequenceClassification", "AlbertConfig", {"embedding_size": 16}, "classifier"),
+        ("electra", "ElectraForSequenceClassification", "ElectraConfig", {"embedding_size": 16},
+         "classifier.out_proj"))),
+    Member("hubert", "HubertForSequenceClassification", "logits", "classification", "waveform", {
+        "tiny": ("HubertConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2),
+                                      conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                                      num_conv_pos_embedding_groups=2, classifier_proj_size=16, num_labels=4), 800),
+    }, head="classifier"),
+]}
+
 # Inference: no dropout or stochastic depth (eval mode turns them off too; zero keeps the configs honest).
 # Attention stays transformers' default implementation (sdpa), what a user's export gets.
 _CONFIG_COMMON = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "dropout": 0.0,
@@ -187,11 +223,11 @@ def names() -> list[str]:
 
 def build(name: str, size: str = "tiny", seed: int = 0) -> Built:
     """A member with trained-like statistics, in eval mode."""
-    if name not in MEMBERS:
-        raise KeyError(f"unknown zoo member {name!r}; known: {', '.join(MEMBERS)}")
-    if size not in SIZES:
-        raise KeyError(f"unknown size {size!r}; known: {', '.join(SIZES)}")
-    member = MEMBERS[name]
+    member = MEMBERS.get(name) or EXTRA.get(name)
+    if member is None:
+        raise KeyError(f"unknown zoo member {name!r}; known: {', '.join([*MEMBERS, *EXTRA])}")
+    if size not in member.configs:
+        raise KeyError(f"unknown size {size!r} for {name}; known: {', '.join(member.configs)}")
     cfg_cls, kwargs, n = member.configs[size]
     cfg = getattr(transformers, cfg_cls)(**kwargs)
     for k, v in _CONFIG_COMMON.items():
