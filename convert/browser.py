@@ -28,11 +28,13 @@ import ctypes
 import http.server
 import itertools
 import json
+import logging
 import os
 import queue
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -59,6 +61,8 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 WEBGPU_FLAGS = ("--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader")
 ACCELERATORS = ("wasm", "webgpu")
 DTYPES = {"float32": np.float32, "int32": np.int32, "uint8": np.uint8}
+
+log = logging.getLogger(__name__)
 
 
 def chromium_path() -> str | None:
@@ -211,6 +215,64 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+class _PageServer(http.server.ThreadingHTTPServer):
+    """The page's HTTP server on a free local port, whose request threads handle their own errors.
+
+    The stdlib's default prints a traceback to stderr for any error in a request thread: into a
+    `--json` output or the user's terminal, from a thread nobody waits on. Chromium closes
+    connections whenever it likes (a cancelled fetch; a session's browser killed while its long
+    poll is being answered; a loaded box makes both likelier), so a dropped connection is only
+    logged at debug level. Any other error is a bug here: logged at debug level with its traceback
+    and handed to `on_error` as one line, which fails the jobs waiting on the page."""
+
+    daemon_threads = True  # a request thread never keeps the process alive
+
+    def __init__(self, handler: type, on_error=None):
+        super().__init__(("127.0.0.1", 0), handler)
+        self.on_error = on_error
+
+    def handle_error(self, request, client_address) -> None:
+        e = sys.exc_info()[1]
+        if isinstance(e, ConnectionError):  # BrokenPipeError, ConnectionResetError, ConnectionAbortedError
+            log.debug("page server: the browser dropped a connection (%s: %s)", type(e).__name__, e)
+            return
+        log.debug("page server: a request from %s failed", client_address, exc_info=True)
+        if self.on_error is not None:
+            self.on_error(_one_line(e))
+
+    def start(self) -> None:
+        # a short poll: shutdown() waits for it, at the end of every conversion
+        threading.Thread(target=self._serve, daemon=True, name="tpp-browser-server").start()
+
+    def _serve(self) -> None:
+        try:
+            self.serve_forever(poll_interval=0.05)
+        except Exception as e:  # noqa: BLE001 - a thread's exception would print a traceback; the jobs fail instead
+            log.debug("page server stopped", exc_info=True)
+            if self.on_error is not None:
+                self.on_error(_one_line(e))
+
+
+class _PageHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves `site` (set by a subclass); logs each request at debug level, where the stdlib writes
+    it to stderr."""
+
+    site = ""
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, ".wasm": "application/wasm",
+                      ".js": "text/javascript"}
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, directory=self.site, **kw)
+
+    def log_message(self, format, *args):  # noqa: A002 - the stdlib's parameter name
+        log.debug("page server: " + format, *args)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 _active: list[Session] = []  # the open session, if any (a list: session() restores the one before it)
 SESSION_POLL_S = 20.0  # the page's long poll for its next job: answered empty after this, and asked again
 
@@ -235,11 +297,8 @@ class Session:
         site.mkdir()
         shutil.copy(WEB_DIR / "index.html", site / "index.html")
         os.symlink(litertjs_dir(), site / "node_modules")
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler(site))
-        self.server.daemon_threads = True
-        # a short poll: shutdown() waits for it, at the end of every conversion
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
-                         name="tpp-browser-server").start()
+        self.server = _PageServer(self._handler(site), on_error=self._server_failed)
+        self.server.start()
         url = f"http://127.0.0.1:{self.server.server_address[1]}/index.html?session"
         try:
             self.proc = subprocess.Popen([chromium_path(), *_flags(webgpu), f"--user-data-dir={self._tmp / 'profile'}",
@@ -252,14 +311,18 @@ class Session:
     def _handler(self, site: Path):
         session = self
 
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def __init__(self, *a, **kw):
-                super().__init__(*a, directory=str(site), **kw)
-
+        class Handler(_PageHandler):
             def do_GET(self):
                 path = urllib.parse.urlparse(self.path).path
                 if path == "/next":
-                    return self._json(session._next())
+                    job = session._next()
+                    try:
+                        return self._json(job)
+                    except ConnectionError:
+                        # the page never got the job (Chromium dropped the long poll): its next poll does
+                        if "id" in job:
+                            session._jobs.put(job)
+                        raise
                 if path.startswith("/models/"):
                     data = session._models.get(path[len("/models/"):].removesuffix(".tflite"))
                     if data is None:
@@ -276,7 +339,7 @@ class Session:
                 url = urllib.parse.urlparse(self.path)
                 if url.path == "/result":
                     job_id = urllib.parse.parse_qs(url.query).get("id", [""])[0]
-                    session._finish(job_id, json.loads(body or b"{}"))
+                    session._finish(job_id, _result(body))
                 self.send_response(204)
                 self.end_headers()
 
@@ -288,10 +351,7 @@ class Session:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, *args):
-                pass
-
-        Handler.extensions_map = {**Handler.extensions_map, ".wasm": "application/wasm", ".js": "text/javascript"}
+        Handler.site = str(site)
         return Handler
 
     def _next(self) -> dict:
@@ -336,16 +396,23 @@ class Session:
                     raise ConversionError("the browser session closed before giving a result")
                 raise ConversionError(f"the browser gave no result within {timeout:.0f} s")
 
+    def _fail_waiting(self, why: str) -> None:
+        with self._lock:
+            waiting, self._waiting, self._models = list(self._waiting.values()), {}, {}
+        for fut in waiting:
+            if not fut.done():
+                fut.set_exception(ConversionError(why))
+
+    def _server_failed(self, reason: str) -> None:
+        """An error in the page server that is not a dropped connection: the jobs waiting fail with it."""
+        self._fail_waiting(f"the browser page's server failed: {reason}")
+
     def close(self) -> None:
         if self._closed.is_set():
             return
         self._closed.set()
         self._jobs.put({"close": True})  # answers a long poll now rather than after SESSION_POLL_S
-        with self._lock:
-            waiting, self._waiting, self._models = list(self._waiting.values()), {}, {}
-        for fut in waiting:
-            if not fut.done():
-                fut.set_exception(ConversionError("the browser session closed before giving a result"))
+        self._fail_waiting("the browser session closed before giving a result")
         try:
             _kill_group(self.proc)
         finally:
@@ -383,28 +450,35 @@ def session(*, webgpu: bool) -> Iterator[Session | None]:
         s.close()
 
 
+def _result(body: bytes) -> dict:
+    """The page's posted result; one that is not JSON is a failed result saying so."""
+    try:
+        result = json.loads(body or b"{}")
+    except ValueError as e:
+        return {"ok": False, "error": f"the page posted a result that is not JSON ({e})"}
+    return result if isinstance(result, dict) else {"ok": False, "error": f"the page posted {type(result).__name__}"}
+
+
 def _serve_and_wait(site: Path, profile: Path, timeout: float, accelerator: str = "wasm") -> dict:
     done = threading.Event()
     box: dict = {}
 
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, directory=str(site), **kw)
-
+    class Handler(_PageHandler):
         def do_POST(self):  # the page posts its result here
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            box.update(json.loads(body or b"{}"))
+            box.update(_result(body))
             self.send_response(204)
             self.end_headers()
             done.set()
 
-        def log_message(self, *args):
-            pass
+    def server_failed(reason: str) -> None:
+        if not done.is_set():
+            box.update(ok=False, error=f"the browser page's server failed: {reason}")
+            done.set()
 
-    Handler.extensions_map = {**Handler.extensions_map, ".wasm": "application/wasm", ".js": "text/javascript"}
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    Handler.site = str(site)
+    server = _PageServer(Handler, on_error=server_failed)
+    server.start()
     url = f"http://127.0.0.1:{server.server_address[1]}/index.html"
     proc = subprocess.Popen([chromium_path(), *_flags(accelerator != "wasm"), f"--user-data-dir={profile}", url],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
