@@ -9,13 +9,13 @@ VERL_STAMP := $(VERL_VENV)/.installed
 WEB := convert/web
 WEB_STAMP := $(WEB)/node_modules/.installed
 
-.PHONY: demo test lint install browser clean
+.PHONY: demo test test-fast docs lint install browser clean
 
 # Reinstall only when the dependency spec changed.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -c constraints.txt -e '.[test]'
+	$(BIN)/python -m pip install -c constraints.txt -e '.[test,docs]'
 	touch $(STAMP)
 
 # `rl --engine verl` on CPU: VeRL's trainer process runs from its own venv, with pyproject's verl-cpu
@@ -88,7 +88,13 @@ lint: $(STAMP)
 # --no-loadscope-reorder; xdist would sort the files by their number of tests).
 test: install
 	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory docs
 	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
+
+# The documentation site (mkdocs.yml) into site/. --strict: a broken link or anchor, a page left out of
+# the nav, a failed include of README's table or a profile, or an API name that no longer exists fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) dist build *.egg-info $(WEB)/node_modules
