@@ -24,6 +24,9 @@ class ConvertOptions:
                                          # (one .npy/.npz each, labels in labels.csv): convert/eval_data.py
     metric: str | Callable | None = None  # task metric(outputs, labels) -> float: "module:function" or a function
                                          # (None: built-in by output kind when the eval data has labels)
+    max_task_drop: float | str | dict[str, float] | None = None  # the task drop bound in the metric's own units:
+                                         # a number, or per target "android=0.5,iot=1.0" (a bare number: every other
+                                         # target's); None: the metric's max_drop, else each profile's max_task_drop
     samples: int | None = None           # parity rows per target (None: all of --eval-data, else at least
                                          # DEFAULT_SAMPLES drawn; LMs: PROMPTS_DEFAULT prompts)
     output_kinds: dict[str, str] | Sequence[str] = dataclasses.field(default_factory=dict)  # output name -> kind
@@ -47,7 +50,7 @@ FLAGS = {"input_shapes": "--input-shape", "model_class": "--model-class", "model
          "trust_pickle": "--trust-pickle", "calib": "--calib", "eval_data": "--eval-data", "prompts": "--prompts",
          "lm_max_len": "--max-len", "lm_prefill_len": "--prefill-len", "latency": "--no-latency",
          "refine_rounds": "--refine-rounds", "output_kinds": "--output-kind",
-         "metric": "--metric"}
+         "metric": "--metric", "max_task_drop": "--max-task-drop"}
 
 DEFAULT_SAMPLES = 64  # parity rows drawn when no --eval-data gives them all: a verdict that 8 rows decided
                       # flipped between redraws (issue 19)

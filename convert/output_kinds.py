@@ -3,12 +3,19 @@
 Every output of a model has a kind (OUTPUT_KINDS, registered below where
 each kind's judge is defined): class scores (`logits`), `probabilities`,
 `regression`, `embedding`, `dense_map` (segmentation, depth) and
-`token_logits` (an LM head), or `unknown`. A kind is inferred where the
-graph says so (`infer`: a final SOFTMAX / LOGISTIC op in the float
-.tflite; an LM), taken from the user otherwise (`--output-kind
-NAME=KIND`, the model.pt manifest's `output_kinds`, `output_kinds=` in the
-Python API). An output of unknown kind is judged numerically (cosine,
-elementwise) and the report says "kind unknown": never top-1 by default.
+`token_logits` (an LM head), `multilabel`, or `unknown`. The user's word comes
+first (`--output-kind NAME=KIND`, the model.pt manifest's `output_kinds`,
+`output_kinds=` in the Python API); then what the eval labels say of the
+output they score (`from_labels`: integer class indices -> class scores,
+[N, H, W] integer classes of an [N, C, H, W] output -> a per-pixel class
+map, 0/1 per column -> multi-label, real values of the output's size ->
+regression); then the float graph (`decide`: a final SOFTMAX ->
+probabilities; a final LOGISTIC over more than SMALL_SIGMOID values ->
+probabilities per bin; a LOGISTIC over a few values (a box, a binary or
+multi-label score) says nothing about classes: kind unknown). An output of
+unknown kind is judged numerically (cosine, elementwise) and the report
+says "kind unknown": never top-1 by default. Each kind's source names what
+it was inferred from.
 
 Each judge returns figures (added to parity.compare's numeric ones) and
 `checks(figures, profile)` turns them into criteria with their bounds from
@@ -209,8 +216,10 @@ def _dense_map() -> OutputKind:
         out = {}
         if r.ndim >= 4 and r.shape[-3] > 1:
             # PyTorch's layout: channels on axis -3 (LiteRT outputs are compared in PyTorch's layout)
-            agree = r.argmax(-3) == g.argmax(-3)
-            out.update({"pixel_agreement": float(agree.mean()), "pixels": int(agree.size)})
+            cr, cg = r.argmax(-3), g.argmax(-3)
+            agree = cr == cg
+            out.update({"pixel_agreement": float(agree.mean()), "pixels": int(agree.size),
+                        "miou_vs_torch": mean_iou(cg, cr, r.shape[-3])})
         span = float(r.max() - r.min()) if r.size else 0.0
         mse = float(((g - r) ** 2).mean()) if r.size else 0.0
         out["psnr_db"] = float(10 * math.log10(span * span / mse)) if mse > 0 and span > 0 else float("inf")
@@ -223,6 +232,43 @@ def _dense_map() -> OutputKind:
                      f"per-pixel argmax agreement {m['pixel_agreement']:.4f} < {prof.min_pixel_agreement}")]
         return [("psnr_db", m["psnr_db"], prof.min_psnr_db, m["psnr_db"] >= prof.min_psnr_db,
                  f"PSNR {m['psnr_db']:.1f} dB < {prof.min_psnr_db} dB")]
+    return OutputKind(figures, checks)
+
+
+def mean_iou(pred: np.ndarray, truth: np.ndarray, classes: int) -> float:
+    """Mean over the classes present in either map of |pred == c and truth == c| / |pred == c or
+    truth == c| (the segmentation score); 1.0 when both maps are empty."""
+    p, t = np.asarray(pred).reshape(-1), np.asarray(truth).reshape(-1)
+    both = np.bincount(t[p == t], minlength=classes)[:classes]
+    union = np.bincount(p, minlength=classes)[:classes] + np.bincount(t, minlength=classes)[:classes] - both
+    present = union > 0
+    return float((both[present] / union[present]).mean()) if present.any() else 1.0
+
+
+def decisions(x: np.ndarray) -> np.ndarray:
+    """Multi-label decisions: p >= 0.5 for probabilities (every value in [0, 1], a final sigmoid),
+    else logit >= 0 (the same threshold before the sigmoid)."""
+    x = np.asarray(x, np.float64)
+    return x >= (0.5 if x.size and x.min() >= 0.0 and x.max() <= 1.0 else 0.0)
+
+
+@OUTPUT_KINDS.register("multilabel")
+def _multilabel() -> OutputKind:
+    """multi-label scores (0/1 labels per column; sigmoid or its logits): per-label decision agreement, no top-1"""
+    def figures(r, g):
+        dr = decisions(r)
+        # the artifact's outputs are read on PyTorch's scale (both probabilities or both logits)
+        dg = np.asarray(g, np.float64) >= (0.5 if dr.size and r.min() >= 0.0 and r.max() <= 1.0 else 0.0)
+        rows = (dr == dg).reshape(len(r), -1).all(1)
+        k = int(rows.sum())
+        return {"label_agreement": float((dr == dg).mean()) if dr.size else 1.0, "rows_all_labels_agree": k / len(r),
+                "rows_all_labels_agree_interval": wilson(k, len(r))}
+
+    def checks(m, prof):
+        # a changed decision is a changed answer, as a top-1 flip is: the same bound on its rate
+        changed = 1.0 - m["label_agreement"]
+        return [("label_flip_rate", changed, prof.max_flip_rate, changed <= prof.max_flip_rate,
+                 f"{changed:.1%} of the multi-label decisions changed (bound {prof.max_flip_rate:.1%})")]
     return OutputKind(figures, checks)
 
 
@@ -244,23 +290,93 @@ def names() -> list[str]:
 # ops whose output is a probability; ops that only move values are looked through
 PROBABILITY_OPS = {"SOFTMAX", "LOGISTIC"}
 PASS_THROUGH_OPS = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "DEQUANTIZE", "QUANTIZE", "TRANSPOSE"}
+# A sigmoid over at most this many values is a box, a binary or a multi-label score as often as a
+# class probability (issue 30: a [N, 4] box head ending in a sigmoid was judged by top-1): without
+# labels or the user's word it is no class output. Over more values (a pitch tracker's bins, tags)
+# it is probabilities per bin, judged by their error and top-1.
+SMALL_SIGMOID = 8
+UNKNOWN = ("unknown", "neither inferred nor given")
 
 
-def infer(info, tensor_index: int) -> str | None:
-    """The kind the float .tflite's graph states for the output tensor `tensor_index`
-    (tflite_info.ModelInfo): "probabilities" when a SOFTMAX or LOGISTIC produces it (through
-    reshapes), else None (the graph does not say)."""
+def final_activation(info, tensor_index: int) -> str | None:
+    """The op that produces the output tensor `tensor_index` of the float .tflite (tflite_info.
+    ModelInfo), looking through reshapes: "SOFTMAX", "LOGISTIC", or None (anything else)."""
     producer = {i: op for op in info.ops for i in op["outputs"]}
     idx, seen = tensor_index, set()
     while idx in producer and idx not in seen:
         seen.add(idx)
         op = producer[idx]
         if op["op"] in PROBABILITY_OPS:
-            return "probabilities"
+            return op["op"]
         if op["op"] not in PASS_THROUGH_OPS or not op["inputs"]:
             return None
         idx = op["inputs"][0]
     return None
+
+
+def infer(info, tensor_index: int) -> str | None:
+    """The kind the float graph alone states for output `tensor_index`: "probabilities" for a final
+    SOFTMAX or LOGISTIC, else None. Callers with the output's width use `decide`, which does not
+    take a sigmoid over a few values for class probabilities."""
+    return "probabilities" if final_activation(info, tensor_index) else None
+
+
+def _integral(y: np.ndarray) -> bool:
+    return y.dtype.kind in "biu" or (y.dtype.kind == "f" and bool(np.all(y == np.round(y))))
+
+
+def from_labels(out: np.ndarray, labels: np.ndarray) -> tuple[str, str] | None:
+    """What the eval labels say of the output they score: out is PyTorch's output stacked over the
+    eval rows (N, ...), labels the eval data's (N, ...). (kind, why) or None when they say nothing
+    (a --metric's own labels)."""
+    y, n = np.asarray(labels), len(labels)
+    if out.ndim == 0 or len(out) != n or n == 0:
+        return None
+    width = out.shape[-1] if out.ndim >= 2 else 0
+    integral = _integral(y)
+    per_row = y.reshape(n, -1).shape[1]
+    if out.ndim == 4 and out.shape[1] > 1 and y.shape == (n, *out.shape[2:]) and integral \
+            and bool(np.all((y >= 0) & (y < out.shape[1]))):
+        return "dense_map", (f"the eval labels: integer classes in [0, {out.shape[1]}) per pixel "
+                             f"{list(y.shape)} for its [N, C, H, W] output: a per-pixel class map")
+    if out.ndim == 2 and width > 1 and per_row == 1 and integral and bool(np.all((y >= 0) & (y < width))):
+        return "logits", f"the eval labels: integer class indices in [0, {width}) for its {width} columns"
+    binary = integral and bool(np.all((y == 0) | (y == 1)))
+    if out.ndim == 2 and binary and per_row == width:
+        return "multilabel", f"the eval labels: 0/1 for each of its {width} columns (multi-label)"
+    if per_row == out.reshape(n, -1).shape[1] and not binary:
+        return "regression", (f"the eval labels: {'integer' if integral else 'real'} values of its size per row "
+                              f"({list(out.shape[1:])}), not class indices: regression")
+    return None
+
+
+def decide(current: tuple[str, str], activation: str | None, width: int,
+           out: np.ndarray | None = None, labels: np.ndarray | None = None) -> tuple[str, str]:
+    """An output's (kind, source) once the float graph is known. current: the kind before the graph
+    (the user's word, whose source is "given", or the manifest's task); activation: final_activation;
+    width: the output's last dimension; out/labels: PyTorch's output over the eval rows and the
+    labels that score it (None without labels)."""
+    if current[1] == "given":
+        return current
+    said = from_labels(out, labels) if out is not None and labels is not None else None
+    if said is not None:
+        kind, why = said
+        if kind == "logits" and activation == "SOFTMAX":
+            return "probabilities", f"inferred from {why}; the float graph ends in a softmax"
+        if kind == "logits" and activation == "LOGISTIC":
+            return "probabilities", f"inferred from {why}; the float graph ends in a sigmoid"
+        return kind, f"inferred from {why}"
+    if activation == "SOFTMAX":
+        return "probabilities", "inferred from the float graph: it ends in a softmax"
+    if current[0] != "unknown":
+        return current
+    if activation == "LOGISTIC" and width > SMALL_SIGMOID:
+        return "probabilities", f"inferred from the float graph: it ends in a sigmoid over {width} values (per bin)"
+    if activation == "LOGISTIC":
+        return "unknown", (f"kind unknown: the float graph ends in a sigmoid over {width} value(s), which may be a "
+                           "box, a binary or multi-label score as well as a class probability; labels or "
+                           "--output-kind tell which")
+    return current
 
 
 def parse(specs) -> dict[str, str]:

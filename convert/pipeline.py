@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from tpu_pipeline import files
-from tpu_pipeline.convert import browser, checks, int8_ranges, output_kinds, overlap
+from tpu_pipeline.convert import browser, checks, int8_ranges, output_kinds, overlap, task_score
 from tpu_pipeline.convert.iot.firmware import measure_arena, suggested_arena, write_c_array
 from tpu_pipeline.convert.kinds import ModelKind, Progress, detection_order
 from tpu_pipeline.convert.lm import kind as _lm_kind  # noqa: F401 - registers CausalLMKind (see model_kind)
@@ -119,6 +119,7 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
         raise UserError("--samples must be at least 1")
     o = dataclasses.replace(o, output_kinds=output_kinds.parse(o.output_kinds))
     profiles = resolve_targets(o.targets, load_profiles(o.profile_dir))
+    o = dataclasses.replace(o, max_task_drop=task_score.parse_max_drop(o.max_task_drop, [p.name for p in profiles]))
     in_memory = isinstance(model, (torch.nn.Module, torch.export.ExportedProgram))
     if in_memory:
         kind: type[ModelKind] = ModuleKind

@@ -203,7 +203,8 @@ def _task(t: dict | None, where: str = "") -> str:
     if "score" not in t:
         return head + f"<b>FAIL</b>: {e(t.get('reason', ''))}"
     return (head + f"{t['score']:.4g}{_ci(t['interval'])} vs PyTorch {t['torch_score']:.4g}{_ci(t['torch_interval'])}; "
-            f"drop {t['drop']:.4g}{_ci(t['drop_interval'])}, bound {t['max_drop']:g}: "
+            f"drop {t['drop']:.4g}{_ci(t['drop_interval'])}{' ' + e(t['unit']) if t.get('unit') else ''}, bound "
+            f"{t['max_drop']:g}{' (' + e(t['max_drop_from']) + ')' if t.get('max_drop_from') else ''}: "
             + ("pass" if t["passed"] else "<b>FAIL</b>"))
 
 

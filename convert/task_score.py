@@ -13,6 +13,10 @@ built-in metric scores the first output, chosen by its kind (convert/output_kind
 - regression, with labels of the output's size per row: R^2 (1 - squared error / the labels'
   variance around each column's mean): a drop is comparable across models, unlike an error in
   the output's own units;
+- multi-label scores, with 0/1 labels of the output's shape: the share of decisions (p >= 0.5,
+  or logit >= 0) equal to the labels;
+- a per-pixel class map [N, C, H, W] with integer labels [N, H, W]: mean IoU over the classes
+  (pixel accuracy is reported beside it by the dense_map kind's pixel agreement);
 - kind unknown: accuracy when the labels are class indices of an [N, C] output, R^2 when they
   have the output's size (the report says which was chosen and why).
 
@@ -20,6 +24,13 @@ Intervals: Wilson for accuracy; otherwise a percentile bootstrap over rows (BOOT
 drawn with --seed). The drop (PyTorch's score minus the artifact's, in the metric's units, so
 0.01 = one point of accuracy) gets a paired bootstrap interval: the same resampled rows for both.
 The verdict bounds the drop itself; its interval is reported.
+
+The bound is in the metric's own units (0.5 for "half a dB" of a denoiser's SNR), taken from, in
+order: --max-task-drop (`max_task_drop=` in Python: one number, or per target
+"android=0.5,iot=1.0" where a bare number is every other target's), the user metric's own
+`max_drop` attribute (with `unit`, e.g. fn.unit = "dB"; fn.max_drop = 0.5), else each target
+profile's max_task_drop (written for accuracy-like scores in [0, 1]). The report records the
+bound, where it came from and the unit.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from typing import Callable
 import numpy as np
 
 from tpu_pipeline.stats import wilson
+from tpu_pipeline.convert import output_kinds
 from tpu_pipeline.convert.tool_output import first_line
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.user_code import load_function
@@ -48,6 +60,8 @@ class Metric:
     wilson: bool = False               # a proportion of rows (accuracy): Wilson interval
     output: int | None = None          # built-in: the output it scores; None: every output goes to fn
     why: str = ""                      # how it was chosen
+    unit: str = ""                     # the score's unit as the report prints it ("dB", "share of rows")
+    max_drop: float | None = None      # the metric's own bound on the drop (a user metric's fn.max_drop)
 
 
 def accuracy(outputs: np.ndarray, labels: np.ndarray) -> float:
@@ -65,6 +79,17 @@ def r2(outputs: np.ndarray, labels: np.ndarray) -> float:
     return float(1 - ((y - o) ** 2).sum() / sst) if sst > 0 else float("nan")
 
 
+def label_accuracy(outputs: np.ndarray, labels: np.ndarray) -> float:
+    """Multi-label: share of (row, label) decisions equal to the 0/1 labels."""
+    return float((output_kinds.decisions(outputs) == (np.asarray(labels) > 0.5)).mean())
+
+
+def miou(outputs: np.ndarray, labels: np.ndarray) -> float:
+    """Segmentation [N, C, H, W] against [N, H, W] classes: mean IoU over the classes present."""
+    o = np.asarray(outputs)
+    return output_kinds.mean_iou(o.argmax(1), np.asarray(labels).astype(np.int64), o.shape[1])
+
+
 def choose(spec, labels: np.ndarray, ref0: np.ndarray, kind: str, name: str, n_outputs: int) -> Metric:
     """The metric: the user's (`module:function` or a function), else the built-in for the first
     output's kind (ref0: that output stacked over the eval rows); UserError when none applies."""
@@ -73,7 +98,11 @@ def choose(spec, labels: np.ndarray, ref0: np.ndarray, kind: str, name: str, n_o
         if not callable(fn):
             raise UserError(f"metric= takes a function or 'module:function', not {type(spec).__name__}")
         label = spec if isinstance(spec, str) else getattr(fn, "__qualname__", repr(fn))
-        return Metric(label, fn, bool(getattr(fn, "higher_is_better", True)), why="given")
+        bound = getattr(fn, "max_drop", None)
+        if bound is not None:
+            bound = _bound(bound, f"--metric {label}: its max_drop")
+        return Metric(label, fn, bool(getattr(fn, "higher_is_better", True)), why="given",
+                      unit=str(getattr(fn, "unit", "") or ""), max_drop=bound)
     y = np.asarray(labels)
     integral = y.dtype.kind in "biu" or (y.dtype.kind == "f" and bool(np.all(y == np.round(y))))
     classes = ref0.shape[-1] if ref0.ndim >= 2 else 0
@@ -86,22 +115,80 @@ def choose(spec, labels: np.ndarray, ref0: np.ndarray, kind: str, name: str, n_o
             raise UserError(f"--eval-data labels: output {name} is {kind} over {classes} classes, so the built-in "
                             f"metric (accuracy) takes integer class indices in [0, {classes}), one per row; these "
                             f"are {y.dtype} of shape {list(y.shape)} (give --metric module:function for others)")
-        return Metric("accuracy", accuracy, wilson=True, output=0, why=f"accuracy{of}: its kind is {kind}")
+        return Metric("accuracy", accuracy, wilson=True, output=0, why=f"accuracy{of}: its kind is {kind}",
+                      unit="share of rows")
+    if kind == "multilabel" and y.shape == ref0.shape:
+        return Metric("label_accuracy", label_accuracy, output=0, unit="share of decisions",
+                      why=f"per-label accuracy{of}: its kind is multilabel (0/1 labels per column)")
+    if kind == "dense_map" and ref0.ndim == 4 and y.shape == (len(y), *ref0.shape[2:]) and integral:
+        return Metric("miou", miou, output=0, unit="IoU",
+                      why=f"mean IoU{of}: a per-pixel class map with [N, H, W] labels")
     if kind == "regression":
         if not same_size:
             raise UserError(f"--eval-data labels: output {name} is a regression of {ref0.shape[1:]} per row; the "
                             f"built-in metric (R^2) takes labels of that size per row, not {list(y.shape[1:])}")
-        return Metric("r2", r2, output=0, why=f"R^2{of}: its kind is regression")
+        return Metric("r2", r2, output=0, unit="R^2", why=f"R^2{of}: its kind is regression")
     if kind == "unknown":
         if is_index and ref0.ndim == 2:
-            return Metric("accuracy", accuracy, wilson=True, output=0,
+            return Metric("accuracy", accuracy, wilson=True, output=0, unit="share of rows",
                           why=f"accuracy{of}: kind unknown, and the labels are class indices of its {classes} "
                               "columns (give --output-kind or --metric otherwise)")
         if same_size:
-            return Metric("r2", r2, output=0, why=f"R^2{of}: kind unknown, and the labels have its size per row "
+            return Metric("r2", r2, output=0, unit="R^2", why=f"R^2{of}: kind unknown, and the labels have its size per row "
                                                   "(give --output-kind or --metric otherwise)")
     raise UserError(f"--eval-data labels: no built-in metric for output {name} ({kind}) with labels of shape "
                     f"{list(y.shape)}; give --metric module:function (metric(outputs, labels) -> float)")
+
+
+def _bound(value, where: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: {value!r} is not a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise UserError(f"{where}: {value!r}; a drop bound is a finite number >= 0, in the metric's units")
+    return v
+
+
+ALL_TARGETS = "*"  # parse_max_drop's key for a bare number: every target not named
+
+
+def parse_max_drop(spec, targets: list[str]) -> dict[str, float]:
+    """--max-task-drop / max_task_drop= -> {target or ALL_TARGETS: bound}: a number (every target),
+    "android=0.5,iot=1.0" (a bare item: every other target's) or a dict; UserError for a bad
+    number or a target not among `targets` (the requested ones). None -> {}."""
+    if spec is None or spec == "":
+        return {}
+    if isinstance(spec, dict):
+        items = [(str(k), v) for k, v in spec.items()]
+    elif isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        items = [(ALL_TARGETS, spec)]
+    else:
+        items = []
+        for part in str(spec).split(","):
+            name, sep, value = part.strip().rpartition("=")
+            if not part.strip() or (sep and not name.strip()):
+                raise UserError(f"--max-task-drop {spec!r}: expected a number or TARGET=NUMBER items, comma-separated")
+            items.append((name.strip() if sep else ALL_TARGETS, value))
+    out: dict[str, float] = {}
+    for name, value in items:
+        if name != ALL_TARGETS and name not in targets:
+            raise UserError(f"--max-task-drop: {name!r} is not a requested target ({', '.join(targets)})")
+        if name in out:
+            raise UserError(f"--max-task-drop: {name if name != ALL_TARGETS else 'a bare number'} is given twice")
+        out[name] = _bound(value, f"--max-task-drop {name + '=' if name != ALL_TARGETS else ''}{value}")
+    return out
+
+
+def max_drop_for(target: str, profile_bound: float, given: dict[str, float], metric: Metric) -> tuple[float, str]:
+    """The drop bound for `target` and where it came from (report.json's task max_drop_from)."""
+    if target in given:
+        return given[target], f"--max-task-drop {target}={given[target]:g}"
+    if ALL_TARGETS in given:
+        return given[ALL_TARGETS], f"--max-task-drop {given[ALL_TARGETS]:g}"
+    if metric.max_drop is not None:
+        return metric.max_drop, f"the metric {metric.name}'s max_drop"
+    return profile_bound, f"the {target} profile"
 
 
 class TaskScore:
@@ -145,13 +232,14 @@ class TaskScore:
             return wilson(round(score * n), n)
         return _percentiles(boot)
 
-    def judge(self, outputs: list[np.ndarray], max_drop: float, runtime: str) -> dict:
+    def judge(self, outputs: list[np.ndarray], max_drop: float, runtime: str, bound_from: str = "") -> dict:
         """The artifact's outputs over the eval set (one array per output) -> report.json's `task`
-        object: score, interval, PyTorch's, drop (interval), bound, passed, reason."""
+        object: score, interval, PyTorch's, drop (interval), bound (and where it came from, in the
+        metric's unit), passed, reason."""
         m = self.metric
         base = {"metric": m.name, "chosen": m.why, "higher_is_better": m.higher_is_better, "rows": len(self.labels),
                 "runtime": runtime, "torch_score": self.torch_score, "torch_interval": self.torch_interval,
-                "max_drop": max_drop}
+                "max_drop": max_drop, "max_drop_from": bound_from, "unit": m.unit}
         try:
             score = self._score(outputs)
             boot = np.array([self._score(outputs, i) for i in self.resamples])
@@ -173,7 +261,8 @@ class TaskScore:
         if not passed:
             out["reason"] = (f"task {m.name} {score:.4g} vs PyTorch's {self.torch_score:.4g} over {len(self.labels)} "
                              f"labelled rows: a drop of {drop:.4g} (95% CI {out['drop_interval'][0]:.3g} to "
-                             f"{out['drop_interval'][1]:.3g}) > the profile's max_task_drop {max_drop:g}"
+                             f"{out['drop_interval'][1]:.3g}){' ' + m.unit if m.unit else ''} > max_task_drop "
+                             f"{max_drop:g}" + (f" (from {bound_from})" if bound_from else "")
                              + (f" ({out['resolution']})" if "resolution" in out else ""))
         return out
 

@@ -72,6 +72,7 @@ class ModuleKind(ModelKind):
         # the float graph has said what each output is (export_float)
         self.eval_set, self.eval_ref, self.metric_spec, self.seed = eval_set, eval_ref, metric, seed
         self.task: task_score.TaskScore | None = None
+        self.max_drop_given: dict[str, float] = {}  # --max-task-drop, parsed (task_score.parse_max_drop)
         self._eval_got: dict[tuple[int, str], tuple[bytes, list]] = {}
         self.given_kinds = dict(given_kinds or {})
         # per output: (kind, where it came from); decided once the float graph is known (export_float)
@@ -143,6 +144,8 @@ class ModuleKind(ModelKind):
                             f"{', '.join(names)})")
         kind = cls(m, samples, source, calib_data, ref, given, eval_set=ev, eval_ref=eval_ref, metric=o.metric,
                    seed=o.seed)
+        kind.max_drop_given = o.max_task_drop if isinstance(o.max_task_drop, dict) else task_score.parse_max_drop(
+            o.max_task_drop, [])
         if overlap:
             kind.notes.append(overlap)
         return kind
@@ -166,14 +169,15 @@ class ModuleKind(ModelKind):
         return self.kinds[k][0]
 
     def _infer_kinds(self, info: ModelInfo) -> None:
-        """The float graph's own word where the user gave none: a final SOFTMAX or LOGISTIC makes
-        an output probabilities (a classification head with softmax, a sigmoid pitch tracker)."""
+        """Where the user gave no kind: what the eval labels say of the output they score (the first),
+        then the float graph's final op (output_kinds.decide): a softmax is probabilities; a sigmoid
+        over a few values (a box head) is not class probabilities without labels that say so."""
+        labels = self.eval_set.labels if self.eval_ref is not None else None
         for k, t in enumerate(info.outputs[:len(self.kinds)]):
-            if self.kinds[k][1] == "given":
-                continue
-            graph = output_kinds.infer(info, t.tensor_index)
-            if graph is not None:
-                self.kinds[k] = (graph, "inferred: the float graph ends in a softmax/sigmoid")
+            out = np.concatenate([row[k] for row in self.eval_ref]) if labels is not None and k == 0 else None
+            width = int(self.ref[0][k].shape[-1]) if self.ref[0][k].ndim else 1
+            self.kinds[k] = output_kinds.decide(self.kinds[k], output_kinds.final_activation(info, t.tensor_index),
+                                                width, out, labels if out is not None else None)
 
     @property
     def output_names(self) -> list[str]:
@@ -341,11 +345,12 @@ class ModuleKind(ModelKind):
 
     def _task_verdict(self, res: dict, outputs: dict, task_got: list, prof: TargetProfile, warnings: list) -> bool:
         """With labels the task score decides (task_score.py): the target passes when its task drop is
-        within the profile's max_task_drop and no output is NaN/inf; the numeric and kind criteria stay
+        within its bound (_max_drop: --max-task-drop, the metric's, the profile's) and no output is NaN/inf; the numeric and kind criteria stay
         in the report (`numeric_verdict`), since they would refuse artifacts the task accepts (an int8
         pitch tracker reading every pitch right at mean cosine 0.96) and ship ones it refuses."""
         runtime = "TFLM interpreter" if prof.runtime == "tflite-micro" else "ai-edge-litert (XNNPACK)"
-        t = res["task_score"] = self.task.judge(task_score.stack(task_got, self.ref[0]), prof.max_task_drop, runtime)
+        bound, bound_from = self._max_drop(prof)
+        t = res["task_score"] = self.task.judge(task_score.stack(task_got, self.ref[0]), bound, runtime, bound_from)
         if t.get("resolution") and t["passed"]:  # a failure's reason already says it
             warnings.append("WARNING: " + t["resolution"])
         res["numeric_verdict"] = {"passed": res["passed"], "reasons": res["reasons"], "decided_by": res["decided_by"]}
@@ -360,6 +365,10 @@ class ModuleKind(ModelKind):
                             f"its task {t['metric']} is within the bound (drop {t['drop']:.4g} <= {t['max_drop']:g}), "
                             "and with labels the task decides")
         return res["passed"]
+
+    def _max_drop(self, prof: TargetProfile) -> tuple[float, str]:
+        """The task drop bound for this target, in the metric's units, and where it came from."""
+        return task_score.max_drop_for(prof.name, prof.max_task_drop, self.max_drop_given, self.task.metric)
 
     def _source(self, float_model: Artifact, precision: str) -> tuple[Artifact, str]:
         """The float32 artifact a variant derives from: the fused export, or for a `+unrolled`
@@ -447,8 +456,8 @@ class ModuleKind(ModelKind):
         passed, reasons = parity.judge(outputs, prof, atol=o.atol, rtol=o.rtol, min_cosine=o.min_cosine)
         extra = {}
         if self.task is not None and self.samples is self.eval_set.rows:  # the browser ran every labelled row
-            t = extra["task_score"] = self.task.judge(task_score.stack(got, self.ref[0]), prof.max_task_drop,
-                                                "LiteRT.js in headless Chromium")
+            t = extra["task_score"] = self.task.judge(task_score.stack(got, self.ref[0]), self._max_drop(prof)[0],
+                                                      "LiteRT.js in headless Chromium", self._max_drop(prof)[1])
             extra["numeric_verdict"] = {"passed": passed, "reasons": reasons}
             passed, reasons = t["passed"], [] if t["passed"] else [t["reason"]]
         elif self.task is not None:
@@ -496,6 +505,7 @@ class ModuleKind(ModelKind):
     def _task_fields(self) -> dict:
         t = self.task
         return {"metric": t.metric.name, "chosen": t.metric.why, "higher_is_better": t.metric.higher_is_better,
+                "unit": t.metric.unit,
                 "rows": len(t.labels), "labels_from": self.eval_set.source, "torch_score": t.torch_score,
                 "torch_interval": t.torch_interval}
 

@@ -10,7 +10,7 @@ import torch
 
 from tpu_pipeline.convert import compare, load_profiles
 from tpu_pipeline.convert.lm.quant_recipes import teacher_forced
-from tpu_pipeline.convert.output_kinds import OUTPUT_KINDS, parse
+from tpu_pipeline.convert.output_kinds import OUTPUT_KINDS, UNKNOWN, decide, from_labels, mean_iou, parse
 from tpu_pipeline.stats import wilson
 from tpu_pipeline.convert.parity import verdict
 from tpu_pipeline.convert.report import render_html
@@ -22,7 +22,7 @@ IOT, WEB = PROFILES.get("iot"), PROFILES.get("web")
 
 def test_every_kind_is_registered_with_a_description():
     assert set(OUTPUT_KINDS.names()) == {"logits", "probabilities", "regression", "embedding", "dense_map",
-                                         "token_logits", "unknown"}
+                                         "token_logits", "multilabel", "unknown"}
     assert all(e.description for e in OUTPUT_KINDS.entries())
 
 
@@ -194,3 +194,55 @@ def test_cli_output_kind_bad_value_is_one_line_exit_2(tmp_path):
                                  "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "not one of" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_kinds_from_what_the_labels_say():
+    """issue 30: integer labels make class scores, [N, H, W] classes a per-pixel map, 0/1 per column
+    multi-label, real values of the output's size regression; labels for something else say nothing."""
+    rng = np.random.default_rng(0)
+    logits, seg, box = rng.standard_normal((32, 5)), rng.standard_normal((32, 3, 6, 6)), rng.uniform(0, 1, (32, 4))
+    assert from_labels(logits, rng.integers(0, 5, 32))[0] == "logits"
+    assert from_labels(logits, rng.integers(0, 5, 32).astype(np.float32))[0] == "logits"  # labels.csv reads floats
+    assert from_labels(logits, rng.integers(5, 9, 32)) is None  # not indices of its 5 columns
+    assert from_labels(seg, rng.integers(0, 3, (32, 6, 6)))[0] == "dense_map"
+    assert from_labels(seg, rng.integers(0, 7, (32, 6, 6))) is None
+    assert from_labels(box, rng.integers(0, 2, (32, 4)))[0] == "multilabel"
+    assert from_labels(box, rng.uniform(0, 1, (32, 4)))[0] == "regression"
+    assert from_labels(rng.standard_normal((32, 1, 64)), rng.standard_normal((32, 1, 64)))[0] == "regression"
+    assert from_labels(box, rng.uniform(0, 1, (32, 7))) is None  # a --metric's own labels
+
+
+def test_a_sigmoid_over_a_few_values_is_no_class_output_without_labels():
+    """issue 30: a box head [N, 4] ending in a sigmoid was judged by top-1 on every target."""
+    rng = np.random.default_rng(0)
+    box = rng.uniform(0, 1, (32, 4))
+    kind, why = decide(UNKNOWN, "LOGISTIC", 4)
+    assert kind == "unknown" and "sigmoid over 4" in why
+    assert decide(UNKNOWN, "LOGISTIC", 16)[0] == "probabilities"  # bins of a pitch tracker
+    assert decide(UNKNOWN, "SOFTMAX", 4)[0] == "probabilities"
+    assert decide(UNKNOWN, None, 10) == UNKNOWN  # plain logits without labels: nothing tells
+    # the labels decide: regression values, multi-label 0/1, class indices (with the graph's softmax)
+    assert decide(UNKNOWN, "LOGISTIC", 4, box, rng.uniform(0, 1, (32, 4)))[0] == "regression"
+    assert decide(UNKNOWN, "LOGISTIC", 4, box, rng.integers(0, 2, (32, 4)))[0] == "multilabel"
+    kind, why = decide(UNKNOWN, "SOFTMAX", 4, box, rng.integers(0, 4, 32))
+    assert kind == "probabilities" and "class indices" in why and "softmax" in why
+    # the user's word stands whatever the labels and graph say
+    assert decide(("regression", "given"), "SOFTMAX", 4, box, rng.integers(0, 4, 32)) == ("regression", "given")
+
+
+def test_mean_iou_counts_the_classes_present():
+    t = np.array([[0, 0, 1, 1]])
+    assert mean_iou(t, t, 3) == 1.0
+    assert mean_iou(np.array([[0, 0, 0, 1]]), t, 3) == pytest.approx((2 / 3 + 1 / 2) / 2)
+    m = compare([np.eye(3)[None, :, :, None].repeat(2, -1)], [np.eye(3)[None, :, :, None].repeat(2, -1)],
+                kind="dense_map")
+    assert m["miou_vs_torch"] == 1.0
+
+
+def test_multilabel_judged_by_decisions_not_top1():
+    rng = np.random.default_rng(0)
+    ref = [rng.uniform(0, 1, (1, 6)) for _ in range(64)]
+    ok = compare(ref, [np.clip(r + 0.01 * rng.standard_normal(r.shape), 0, 1) for r in ref], kind="multilabel")
+    assert "top1" not in ok and ok["label_agreement"] > 0.95
+    bad = compare(ref, [1 - r for r in ref], kind="multilabel")
+    assert bad["label_agreement"] < 0.05 and not verdict({"tags": bad}, IOT)["passed"]

@@ -357,7 +357,8 @@ def test_labelled_accelerator_checks_follow_the_task_scored_run(digits, tmp_path
     assert p["judged"]["cpu"] == "task accuracy over all 64 labelled rows on ai-edge-litert (XNNPACK)"
     assert gpu["judged"] == p["judged"]["gpu_accelerator"] and "against this artifact's CPU run" in gpu["judged"]
     html = (tmp_path / "o" / "report.html").read_text()
-    for shown in ("<b>kind: kind unknown (judged numerically)</b>", "<b>task accuracy</b> over 64 labelled rows",
+    # the integer labels make the digits' plain logits class scores (issue 30; it was "kind unknown")
+    for shown in ("<b>kind: logits</b>", "<b>task accuracy</b> over 64 labelled rows",
                   "(95% CI", "GPU accelerator run (", "fully accelerated", "judged: CPU run: task accuracy",
                   "GPU accelerator: numeric on 8 rows against this artifact&#x27;s CPU run"):
         assert shown in html, shown
@@ -395,3 +396,58 @@ def test_too_few_labelled_rows_for_the_bound_is_said():
     labels, ref, got = _scores(rng, n=200, wrong=1)
     ts = task_score.TaskScore(task_score.choose(None, labels, ref, "logits", "y", 1), labels, [ref], seed=0)
     assert "resolution" not in ts.judge([got], max_drop=0.01, runtime="r")
+
+
+def test_max_task_drop_in_the_metrics_units_per_target_and_its_source():
+    """issue 30: the bound in the task's own units, from --max-task-drop (one number or per
+    target), else the user metric's max_drop, else the profile; the report says which."""
+    targets = ["android", "iot", "desktop"]
+    assert task_score.parse_max_drop(None, targets) == {}
+    assert task_score.parse_max_drop("0.5", targets) == {"*": 0.5}
+    assert task_score.parse_max_drop(0.5, targets) == {"*": 0.5}
+    assert task_score.parse_max_drop("android=0.5,iot=1.0", targets) == {"android": 0.5, "iot": 1.0}
+    assert task_score.parse_max_drop("0.2, iot=1", targets) == {"*": 0.2, "iot": 1.0}
+    for bad, says in (("web=1", "not a requested target"), ("iot=x", "not a number"), ("-1", ">= 0"),
+                      ("iot=1,iot=2", "given twice"), ("=1", "TARGET=NUMBER"), ("inf", ">= 0")):
+        with pytest.raises(UserError, match=says):
+            task_score.parse_max_drop(bad, targets)
+
+    def snr_db(outputs, labels):
+        err = ((outputs - labels) ** 2).mean()
+        return float(10 * np.log10((labels ** 2).mean() / err))
+    snr_db.unit, snr_db.max_drop = "dB", 0.5
+    rng = np.random.default_rng(0)
+    y = rng.standard_normal((64, 8))
+    ref = y + 0.01 * rng.standard_normal(y.shape)
+    m = task_score.choose(snr_db, y, ref, "unknown", "clean", 1)
+    assert m.unit == "dB" and m.max_drop == 0.5
+    given = task_score.parse_max_drop("iot=1.0", targets)
+    assert task_score.max_drop_for("iot", 0.01, given, m) == (1.0, "--max-task-drop iot=1")
+    bound, source = task_score.max_drop_for("android", 0.01, given, m)
+    assert bound == 0.5 and source.endswith("snr_db's max_drop")
+    assert task_score.max_drop_for("android", 0.01, {}, task_score.choose(
+        None, y, ref, "regression", "clean", 1)) == (0.01, "the android profile")
+    ts = task_score.TaskScore(m, y, [ref], seed=0)
+    worse = y + 0.0125 * rng.standard_normal(y.shape)  # ~1.9 dB below PyTorch's 40 dB
+    t = ts.judge([worse], 0.5, "r", source)
+    assert 1.0 < t["drop"] < 3.0 and not t["passed"] and t["unit"] == "dB"
+    assert "dB > max_task_drop 0.5 (from the metric" in t["reason"] and t["max_drop_from"] == source
+    assert ts.judge([worse], 3.0, "r", "--max-task-drop 3")["passed"]
+    snr_db.max_drop = "half"
+    with pytest.raises(UserError, match="max_drop"):
+        task_score.choose(snr_db, y, ref, "unknown", "clean", 1)
+
+
+def test_cli_max_task_drop_recorded_and_bad_values_exit_2(files, tmp_path):
+    base = ["convert", str(files / "model.pt"), "--eval-data", str(files / "eval.npz"), "--no-latency",
+            "--refine-rounds", "0"]
+    r = CliRunner().invoke(cli, base + ["--targets", "desktop", "--max-task-drop", "iot=1", "--out",
+                                        str(tmp_path / "bad")])
+    assert r.exit_code == 2 and "not a requested target" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "bad").exists()
+    r = CliRunner().invoke(cli, base + ["--targets", "desktop", "--max-task-drop", "desktop=0.25", "--out",
+                                        str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    t = json.loads((tmp_path / "o" / "report.json").read_text())["targets"]["desktop"]["parity"]["task_score"]
+    assert t["max_drop"] == 0.25 and t["max_drop_from"] == "--max-task-drop desktop=0.25"
+    assert t["unit"] == "share of rows" and "(--max-task-drop desktop=0.25)" in r.output

@@ -31,12 +31,17 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
 @click.option("--metric", default=None, metavar="MODULE:FUNCTION",
               help="Task metric(outputs, labels) -> float, higher is better (a function attribute higher_is_better = "
                    "False flips it), imported from sys.path or the current folder [default with labels: accuracy for "
-                   "class outputs, R^2 for regression]. Each profile's max_task_drop bounds the drop.")
+                   "class outputs, R^2 for regression]. The drop is bounded by --max-task-drop, else the metric's "
+                   "max_drop attribute, else each profile's max_task_drop.")
+@click.option("--max-task-drop", default=None, metavar="BOUND",
+              help="The largest task-score drop a target may ship with, in the metric's own units (0.5 for half a "
+                   "dB): one number, or per target android=0.5,iot=1.0 (a bare number: every other target's).")
 @click.option("--samples", default=None, type=int,
               help="Parity rows per target [default: all of --eval-data, else 64 drawn; LMs: 8 prompts].")
 @click.option("--output-kind", "output_kinds", multiple=True, metavar="NAME=KIND",
               help="What an output is, which decides how it is judged: logits, probabilities, regression, embedding, "
-                   "dense_map, token_logits (repeat per output; default: inferred from the graph, else unknown).")
+                   "dense_map, token_logits, multilabel (repeat per output; default: inferred from the --eval-data "
+                   "labels, then the graph, else unknown).")
 @click.option("--atol", type=float, default=None, help="Override the targets' absolute tolerance.")
 @click.option("--rtol", type=float, default=None, help="Override the targets' relative tolerance.")
 @click.option("--min-cosine", type=float, default=None, help="Override the targets' minimum cosine similarity.")
@@ -53,7 +58,8 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
 @click.option("--prefill-len", "lm_prefill_len", type=click.IntRange(1, 8192), default=None,
               help="LMs: tokens per prefill call [default: min(32, max-len)].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_pickle, calib, eval_data, metric, samples,
+def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_pickle, calib, eval_data, metric,
+            max_task_drop, samples,
             output_kinds, atol, rtol, min_cosine, seed, refine_rounds, no_latency, profile_dir, prompts, lm_max_len, lm_prefill_len,
             as_json):
     """Convert MODEL to LiteRT artifacts for each target and check each on its runtime.
@@ -75,7 +81,8 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
     result = convert(model, targets=targets, out=out, calibration=calib,
                      progress=lambda msg: click.echo(f"  {msg}", err=True),
                      input_shapes=tuple(input_shapes), model_class=model_class, model_kwargs=model_kwargs,
-                     trust_pickle=trust_pickle, eval_data=eval_data, metric=metric, samples=samples,
+                     trust_pickle=trust_pickle, eval_data=eval_data, metric=metric, max_task_drop=max_task_drop,
+                     samples=samples,
                      output_kinds=tuple(output_kinds), atol=atol, rtol=rtol,
                      min_cosine=min_cosine, seed=seed, refine_rounds=refine_rounds, latency=not no_latency,
                      profile_dir=profile_dir, prompts=prompts, lm_max_len=lm_max_len, lm_prefill_len=lm_prefill_len,
@@ -124,7 +131,9 @@ def _task_line(t: dict) -> str:
         return f"{base}; artifact: {t['reason']}"
     ci, dci = t["interval"], t["drop_interval"]
     return (f"{base}, artifact {t['score']:.4f} (95% CI {ci[0]:.4f}-{ci[1]:.4f}); drop {t['drop']:.4f} "
-            f"(95% CI {dci[0]:.4f} to {dci[1]:.4f}), bound {t['max_drop']:g}: {'ok' if t['passed'] else 'FAIL'}")
+            f"(95% CI {dci[0]:.4f} to {dci[1]:.4f}){' ' + t['unit'] if t.get('unit') else ''}, bound "
+            f"{t['max_drop']:g}{' (' + t['max_drop_from'] + ')' if t.get('max_drop_from') else ''}: "
+            f"{'ok' if t['passed'] else 'FAIL'}")
 
 
 def _status(t: dict) -> str:
