@@ -61,5 +61,28 @@ def main(model_path, job_path, inputs_path, outputs_path, status_path):
     np.savez(outputs_path, **out)
 
 
+def _run(paths):
+    """main(), whose errors end this process with one line and status.json's "error", never a
+    traceback: the parent turns them into the run's reason."""
+    if not paths:  # a worker started ahead whose job never came (the parent closed its stdin)
+        return 0
+    try:
+        main(*paths)
+    except Exception as e:  # noqa: BLE001 - anything main() does not report itself: a bad job or input file
+        error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+        try:
+            with open(paths[4]) as f:
+                status = json.load(f)
+        except (IndexError, OSError, ValueError):
+            status = {"started": False}
+        try:
+            _write(paths[4], {**status, "error": error})
+        except (IndexError, OSError):
+            pass
+        print(error, file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    main(*(sys.argv[1:6] if len(sys.argv) > 1 else json.loads(sys.stdin.readline() or "[]")[:5]))
+    sys.exit(_run(sys.argv[1:6] if len(sys.argv) > 1 else json.loads(sys.stdin.readline() or "[]")[:5]))

@@ -11,9 +11,11 @@ import contextlib
 import ctypes.util
 import dataclasses
 import json
+import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,7 @@ from tpu_pipeline.convert.tflite_info import IOTensor, ModelInfo
 from tpu_pipeline.errors import ConversionError
 
 Sample = list[np.ndarray]  # one array per model input, in forward() order
+logger = logging.getLogger(__name__)
 
 
 def to_artifact(x: np.ndarray, t: IOTensor) -> np.ndarray:
@@ -140,7 +143,7 @@ def run_micro(model: bytes, info: ModelInfo, samples: list[Sample], arena_bytes:
             # TFLM prints its own reason (arena, missing op) before dying; Python's traceback is noise.
             tflm = [ln for ln in lines if re.search(r"fail|error|missing|didn't|unsupported|not found", ln, re.I)
                     and not ln.startswith(("File ", "Traceback"))]
-            msg = "; ".join(tflm[-2:])[:400] if tflm else f"exit status {proc.returncode}"
+            msg = "; ".join(tflm[-2:])[:400] if tflm else child_reason(proc.stdout + proc.stderr, proc.returncode)
             raise ConversionError(f"TFLM interpreter failed (arena {arena_bytes} bytes): {msg}")
         data = np.load(d / "out.npz")
         by_pos = {t.position: t for t in info.outputs}
@@ -281,7 +284,7 @@ def _run_on(worker: _GpuWorker, model: bytes, info: ModelInfo, samples: list[Sam
     if code is None:
         run.reason = f"the GPU accelerator gave no result within {timeout:.0f} s"
     elif status.get("error") or code != 0 or not (d / "out.npz").exists():
-        cause = _gpu_log_reason(log) or status.get("error") or f"exit status {code}"
+        cause = _gpu_log_reason(log) or status.get("error") or child_reason(log, code)
         run.reason = (f"the GPU accelerator failed during a run: {cause}" if run.started
                       else f"the GPU accelerator did not start: {cause}")
     else:
@@ -289,6 +292,25 @@ def _run_on(worker: _GpuWorker, model: bytes, info: ModelInfo, samples: list[Sam
         run.outputs = [[from_artifact(data[f"out_{j}_{s}"], t) for j, t in enumerate(info.outputs)]
                        for s in range(len(samples))]
     return run
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)(: .*)?$")
+
+
+def child_reason(output: str, code: int | None) -> str:
+    """One line saying why a child process failed, from its output: the last line of a Python
+    traceback (`Type: message`), else the signal that killed it, else its exit status. The
+    traceback itself never reaches the user's terminal or a `--json` output: the whole output is
+    logged at debug level."""
+    logger.debug("child process failed (exit status %s); its output:\n%s", code, output)
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    exc = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
+    if exc:
+        return exc[-1][:300]
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
 
 
 def _text(b: bytes | str | None) -> str:

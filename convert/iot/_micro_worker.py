@@ -29,4 +29,8 @@ def main(model_path, inputs_path, outputs_path, arena, n_out):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    try:
+        main(*sys.argv[1:6])
+    except Exception as e:  # noqa: BLE001 - one line for the parent's reason (TFLM printed its own first)
+        print(f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}", file=sys.stderr)
+        sys.exit(1)
