@@ -106,8 +106,10 @@ def check(profile: TargetProfile, model: bytes, info: ModelInfo) -> Compatibilit
     bad_t = [(i, t) for i, t in info.tensors.items() if t["dtype"] in forbid]
     if bad_t:
         kinds = sorted({t["dtype"] for _, t in bad_t})
-        mods = sorted({module_path(t["name"]) or t["name"] for _, t in bad_t})[:8]
-        violations.append(f"{len(bad_t)} {'/'.join(kinds)} tensors the {profile.name} runtime does not run (in {', '.join(mods)})")
+        # every layer, not the first few by name (issue 30: a U-Net's decoder layers hid its encoder's)
+        mods = sorted({module_path(t["name"]) or t["name"] for _, t in bad_t})
+        violations.append(f"{len(bad_t)} {'/'.join(kinds)} tensors the {profile.name} runtime does not run (in "
+                          f"{len(mods)} layers: {', '.join(mods)})")
     dyn = [t for t in info.inputs + info.outputs if any(d < 0 for d in t.shape_signature)]
     if dyn and not profile.allow_dynamic_dims:
         violations.append(f"dynamic dims on {', '.join(t.key for t in dyn)}; {profile.name} needs fixed shapes (pass --input-shape)")

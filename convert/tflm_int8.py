@@ -22,6 +22,22 @@ and the tflite-micro interpreter (issue 21):
   as the op's option says), never an approximation of it.
 RSQRT, LayerNorm's pattern (MEAN, SQUARED_DIFFERENCE, RSQRT, MUL, ADD) and
 the rest run int8 on TFLM as the quantizer writes them.
+
+Activations (issue 30), measured the same way (Conv1d -> act -> Conv1d):
+- LeakyReLU: left float32 between DEQUANTIZE and QUANTIZE; TFLM has an int8
+  LEAKY_RELU (it requantizes between the input's and output's scales), so
+  `leaky_relu_in_int8` feeds it the int8 tensors.
+- ELU, SELU, Mish: lowered to EXP/LOG/TANH/GREATER/SELECT chains, part float32
+  (EXP, LOG), and TFLM registers no SELECT at all. Even in int8 the chain would
+  round each step (ELU's exp(x) - 1 on the scale of exp's whole range).
+  `activations_as_table` finds each such chain (elementwise ops fed by one int8
+  tensor and scalar constants, ending in one int8 tensor) and computes the whole
+  chain as one 256-entry table, the int8 rounding of the exact function.
+  clamp(x, lo, hi) with lo/hi not (0, 6) (MAXIMUM int8, then MINIMUM left
+  float32) is tabulated the same way.
+- PReLU (RELU, MUL, MUL, SUB), Hardswish (HARD_SWISH), Hardsigmoid and ReLU6
+  (folded into the conv's fused activation), SiLU (LOGISTIC, MUL): int8 on TFLM
+  as the quantizer writes them.
 """
 
 from __future__ import annotations
@@ -222,6 +238,184 @@ def elementwise_as_table(model: bytes) -> tuple[bytes, dict[str, int]]:
     return (bytes(flatbuffer_utils.convert_object_to_bytearray(obj)), done) if done else (model, {})
 
 
+def leaky_relu_in_int8(model: bytes) -> tuple[bytes, int]:
+    """DEQUANTIZE -> LEAKY_RELU (float32) -> QUANTIZE as one int8 LEAKY_RELU (TFLM requantizes from the
+    input's scale to the output's); -> (the model, how many); the bytes unchanged when none."""
+    obj = flatbuffer_utils.read_model_from_bytearray(bytearray(model))
+    n = 0
+    for sg in obj.subgraphs:
+        g = _Graph(obj, sg)
+        for op in list(sg.operators):
+            if g.code(op) != _B.LEAKY_RELU or sg.tensors[op.inputs[0]].type != _FLOAT32:
+                continue
+            dq, q = _dequantize_of(g, op.inputs[0]), _only_quantize(g, op.outputs[0])
+            if dq is None or q is None:
+                continue
+            op.inputs, op.outputs = [dq.inputs[0]], [q.outputs[0]]
+            sg.operators.remove(q)
+            _drop_if_unread(g, dq)
+            n += 1
+        _drop_unused_tensors(obj, sg)
+    return (bytes(flatbuffer_utils.convert_object_to_bytearray(obj)), n) if n else (model, 0)
+
+
+def _act(x: np.ndarray, fused: int) -> np.ndarray:
+    """A fused activation (ADD/SUB/MUL/DIV options) applied to float values."""
+    A = schema.ActivationFunctionType
+    return {A.NONE: x, A.RELU: np.maximum(x, 0), A.RELU6: np.clip(x, 0, 6), A.RELU_N1_TO_1: np.clip(x, -1, 1),
+            A.TANH: np.tanh(x)}.get(fused, None)
+
+
+def _binary(f):
+    def run(v, op):
+        out = f(v[0], v[1])
+        fused = getattr(op.builtinOptions, "fusedActivationFunction", 0) if op.builtinOptions else 0
+        return _act(out, fused)
+    return run
+
+
+# op -> f(values of its inputs (float64; bool for conditions), op): the elementwise ops a chain may hold.
+# QUANTIZE / DEQUANTIZE are the identity on values: the table is the rounding of the exact chain, as
+# PyTorch computes it, not of each int8 step.
+_ELEMENTWISE = {
+    _B.DEQUANTIZE: lambda v, op: v[0], _B.QUANTIZE: lambda v, op: v[0],
+    _B.ADD: _binary(np.add), _B.SUB: _binary(np.subtract), _B.MUL: _binary(np.multiply),
+    _B.DIV: _binary(np.divide), _B.MAXIMUM: lambda v, op: np.maximum(v[0], v[1]),
+    _B.MINIMUM: lambda v, op: np.minimum(v[0], v[1]), _B.POW: lambda v, op: np.power(v[0], v[1]),
+    _B.EXP: lambda v, op: np.exp(v[0]), _B.LOG: lambda v, op: np.log(v[0]), _B.TANH: lambda v, op: np.tanh(v[0]),
+    _B.LOGISTIC: lambda v, op: 1 / (1 + np.exp(-v[0])), _B.NEG: lambda v, op: -v[0],
+    _B.SQUARE: lambda v, op: v[0] * v[0], _B.ABS: lambda v, op: np.abs(v[0]),
+    _B.SQRT: lambda v, op: np.sqrt(np.maximum(v[0], 0)), _B.RSQRT: lambda v, op: 1 / np.sqrt(v[0]),
+    _B.RELU: lambda v, op: np.maximum(v[0], 0), _B.RELU6: lambda v, op: np.clip(v[0], 0, 6),
+    _B.RELU_N1_TO_1: lambda v, op: np.clip(v[0], -1, 1),
+    _B.LEAKY_RELU: lambda v, op: np.where(v[0] >= 0, v[0], v[0] * op.builtinOptions.alpha),
+    _B.HARD_SWISH: lambda v, op: v[0] * np.clip(v[0] + 3, 0, 6) / 6,
+    _B.GELU: lambda v, op: _TABLED[_B.GELU](v[0], op),
+    _B.GREATER: lambda v, op: v[0] > v[1], _B.GREATER_EQUAL: lambda v, op: v[0] >= v[1],
+    _B.LESS: lambda v, op: v[0] < v[1], _B.LESS_EQUAL: lambda v, op: v[0] <= v[1],
+    _B.EQUAL: lambda v, op: v[0] == v[1], _B.NOT_EQUAL: lambda v, op: v[0] != v[1],
+    _B.SELECT: lambda v, op: np.where(v[0], v[1], v[2]), _B.SELECT_V2: lambda v, op: np.where(v[0], v[1], v[2]),
+    _B.LOGICAL_AND: lambda v, op: np.logical_and(v[0], v[1]), _B.LOGICAL_OR: lambda v, op: np.logical_or(v[0], v[1]),
+    _B.LOGICAL_NOT: lambda v, op: np.logical_not(v[0]),
+}
+# what makes a chain worth tabulating: an op TFLM does not register, or any float32 tensor in it
+_NOT_IN_TFLM = {_B.SELECT}
+
+
+def _constant(g: _Graph, tensor: int) -> float | None:
+    """A constant tensor's one value (dequantized; every element equal), else None."""
+    t = g.sg.tensors[tensor]
+    buf = g.obj.buffers[t.buffer] if t.buffer < len(g.obj.buffers) else None
+    if buf is None or buf.data is None or len(buf.data) == 0 or g.producer(tensor) is not None:
+        return None
+    dtype = {_FLOAT32: np.float32, _INT8: np.int8, _INT32: np.int32, schema.TensorType.BOOL: np.bool_,
+             schema.TensorType.INT16: np.int16}.get(t.type)
+    if dtype is None:
+        return None
+    vals = np.frombuffer(bytes(np.asarray(buf.data, np.uint8)), dtype).astype(np.float64)
+    if vals.size == 0 or not np.all(vals == vals.flat[0]):
+        return None  # per-channel constants (a PReLU's slopes) need one table per channel
+    v = float(vals.flat[0])
+    q = t.quantization
+    if t.type == _INT8 and q is not None and q.scale is not None and len(q.scale):
+        v = float(q.scale[0]) * (v - int(q.zeroPoint[0]))
+    return v
+
+
+def _chain(g: _Graph, root: int) -> tuple[list, int] | None:
+    """The elementwise ops fed only by `root` (and scalar constants), in graph order, and the one tensor
+    they hand to the rest of the graph; None when they hand over several or none."""
+    have, ops = {root}, []
+    for op in g.sg.operators:  # graph order is topological
+        if g.code(op) not in _ELEMENTWISE or len(op.outputs) != 1:
+            continue
+        ins = [i for i in op.inputs if i >= 0]
+        fed = [i for i in ins if i in have]
+        if fed and all(i in have or _constant(g, i) is not None for i in ins):
+            ops.append(op)
+            have.add(op.outputs[0])
+    inside = {id(o) for o in ops}
+    handed = {o.outputs[0] for o in ops
+              if g.is_output(o.outputs[0]) or any(id(c) not in inside for c in g.consumers(o.outputs[0]))}
+    return (ops, handed.pop()) if len(handed) == 1 else None
+
+
+def _chain_root(g: _Graph, op) -> int | None:
+    """The one non-constant tensor the elementwise ops above `op` start from, else None."""
+    roots, todo, seen = set(), [op], set()
+    while todo:
+        o = todo.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        for i in o.inputs:
+            if i < 0 or _constant(g, i) is not None:
+                continue
+            p = g.producer(i)
+            if p is not None and g.code(p) in _ELEMENTWISE and len(p.outputs) == 1:
+                todo.append(p)
+            else:
+                roots.add(i)
+    return roots.pop() if len(roots) == 1 else None
+
+
+def activations_as_table(model: bytes) -> tuple[bytes, dict[str, int]]:
+    """Each chain of elementwise ops from one int8 tensor to one int8 tensor that TFLM cannot run as
+    written (a float32 tensor inside, or SELECT) as one 256-entry table lookup (CAST, ADD, GATHER)
+    holding the int8 rounding of the whole chain's exact value; -> (the model, {chain's ops: count})."""
+    obj = flatbuffer_utils.read_model_from_bytearray(bytearray(model))
+    done: dict[str, int] = {}
+    names = {v: k for k, v in vars(_B).items() if not k.startswith("_")}
+    for sg in obj.subgraphs:
+        g = _Graph(obj, sg)
+        tried: set[int] = set()
+        for op in list(sg.operators):
+            if op not in sg.operators or g.code(op) not in _ELEMENTWISE:
+                continue
+            bad = g.code(op) in _NOT_IN_TFLM or any(sg.tensors[i].type == _FLOAT32 for i in op.outputs)
+            root = _chain_root(g, op) if bad else None
+            if root is None or root in tried or _qparams(sg.tensors[root]) is None:
+                continue
+            tried.add(root)
+            found = _chain(g, root)
+            if found is None:
+                continue
+            ops, y = found
+            in_q, out_q = _qparams(sg.tensors[root]), _qparams(sg.tensors[y])
+            if out_q is None:
+                continue
+            values = {root: in_q[0] * (np.arange(-128, 128, dtype=np.float64) - in_q[1])}
+            with np.errstate(all="ignore"):
+                for o in ops:
+                    args = [values[i] if i in values else _constant(g, i) for i in o.inputs if i >= 0]
+                    values[o.outputs[0]] = _ELEMENTWISE[g.code(o)](args, o)
+            f = np.asarray(values[y], np.float64)
+            if f is None or f.shape != (256,) or not np.all(np.isfinite(f)):
+                continue  # a chain whose value is not finite on every code (log of 0): left as it is
+            table = np.clip(np.round(f / out_q[0]) + out_q[1], -128, 127).astype(np.int8)
+            name = sg.tensors[y].name.decode()
+            shape = list(sg.tensors[root].shape)
+            t_table = g.tensor(f"{name}/table", [256], _INT8, table, sg.tensors[y].quantization)
+            t_codes = g.tensor(f"{name}/codes", shape, _INT32)
+            t_128 = g.tensor(f"{name}/offset", [], _INT32, np.array(128, np.int32))
+            t_index = g.tensor(f"{name}/index", shape, _INT32)
+            cast_opts = schema.CastOptionsT()
+            cast_opts.inDataType, cast_opts.outDataType = _INT8, _INT32
+            new = [g.op(_B.CAST, [root], [t_codes], schema.BuiltinOptions.CastOptions, cast_opts),
+                   g.op(_B.ADD, [t_codes, t_128], [t_index], schema.BuiltinOptions.AddOptions, schema.AddOptionsT()),
+                   g.op(_B.GATHER, [t_table, t_index], [y], schema.BuiltinOptions.GatherOptions,
+                        schema.GatherOptionsT(axis=0, batchDims=0))]
+            at = min(sg.operators.index(o) for o in ops)
+            for o in ops:
+                sg.operators.remove(o)
+            sg.operators[at:at] = new
+            key = "+".join(dict.fromkeys(names.get(g.code(o), "?") for o in ops
+                                         if g.code(o) not in (_B.QUANTIZE, _B.DEQUANTIZE)))
+            done[key] = done.get(key, 0) + 1
+        _drop_unused_tensors(obj, sg)
+    return (bytes(flatbuffer_utils.convert_object_to_bytearray(obj)), done) if done else (model, {})
+
+
 METADATA = "tpu_pipeline.tflm_int8"  # the model's metadata entry: JSON {op: count} of what was rewritten
 
 
@@ -230,11 +424,14 @@ def for_tflm(model: bytes) -> bytes:
     root = schema.Model.GetRootAs(model, 0)
     codes = {max(root.OperatorCodes(i).BuiltinCode(), root.OperatorCodes(i).DeprecatedBuiltinCode())
              for i in range(root.OperatorCodesLength())}
-    if not codes & set(NAMES):  # most models: nothing to do, and no object-API parse of the whole file
+    if not codes & (set(NAMES) | {_B.DEQUANTIZE} | _NOT_IN_TFLM):  # most models: nothing to do, no object-API parse
         return model
     model, n_max = reduce_max_in_int8(model)
     model, tabled = elementwise_as_table(model)
-    done = {**({"REDUCE_MAX": n_max} if n_max else {}), **tabled}
+    model, n_leaky = leaky_relu_in_int8(model)
+    model, chains = activations_as_table(model)
+    done = {**({"REDUCE_MAX": n_max} if n_max else {}), **tabled, **({"LEAKY_RELU": n_leaky} if n_leaky else {}),
+            **chains}
     if not done:
         return model
     obj = flatbuffer_utils.read_model_from_bytearray(bytearray(model))
@@ -252,6 +449,7 @@ _NOTE = {
     "GELU": "GELU as an int8 table (CAST, ADD, GATHER): TFLM has no GELU kernel",
     "SQRT": "SQRT as an int8 table (CAST, ADD, GATHER): TFLM's SQRT is float32 only",
     "ABS": "ABS as an int8 table (CAST, ADD, GATHER): the quantizer left it float32",
+    "LEAKY_RELU": "LEAKY_RELU runs int8 in TFLM (the quantizer left it float32)",
 }
 
 
@@ -265,6 +463,11 @@ def rewrites(model: bytes) -> dict[str, int]:
     return {}
 
 
+def _note(op: str) -> str:
+    return _NOTE.get(op) or (f"{op} as one int8 table (CAST, ADD, GATHER): the chain ran part float32 or through "
+                             "an op TFLM lacks; the table is the int8 rounding of its exact value")
+
+
 def notes(model: bytes) -> list[str]:
     """One report note per rewritten op kind (the rewrite named, with its count and why)."""
-    return [f"static int8 for TFLM: {n} {_NOTE[op]} (convert/tflm_int8.py)" for op, n in sorted(rewrites(model).items())]
+    return [f"static int8 for TFLM: {n} {_note(op)} (convert/tflm_int8.py)" for op, n in sorted(rewrites(model).items())]

@@ -1,6 +1,8 @@
 """The ops microcontroller models use, full-integer on the real TFLM interpreter
 (convert/tflm_int8.py): REDUCE_MAX (amax, torch.max(...).values, max pooling over
-time), GELU (erf and tanh forms), SQRT, ABS, RSQRT and LayerNorm's pattern.
+time), GELU (erf and tanh forms), SQRT, ABS, RSQRT and LayerNorm's pattern; the
+activations LeakyReLU, PReLU, ELU, SELU, Hardswish, Hardsigmoid, SiLU, Mish,
+clamp and ReLU6 (issue 30).
 One-op models check the numbers against PyTorch at the int8 codes TFLM was fed;
 two conversions check the standard text CNN with max-over-time pooling and a
 block using all of them pass iot with the rewrites named in the notes."""
@@ -160,3 +162,102 @@ def test_model_passes_iot_with_the_rewrites_named(converted, which, rewritten):
     notes = result.report["notes"] if "notes" in result.report else []
     for op in rewritten:
         assert any(f"{op} " in n and "tflm_int8" in n for n in notes + t.warnings), (op, notes)
+
+
+# issue 30: the activations models use, each full-integer on TFLM as PyTorch computes it. name ->
+# (module, output LSBs allowed against PyTorch at the int8 codes TFLM was fed, least cosine). Tables
+# (ELU, SELU, Mish, clamp, a lone ReLU6) are the int8 rounding of the exact chain; the others TFLM's
+# own int8 kernels (LEAKY_RELU, HARD_SWISH, LOGISTIC + MUL, RELU + MUL + SUB). Measured worst over
+# 8 x 128 values: 0.36-0.79 LSB (SiLU's two roundings the most): 1 LSB for every one.
+ACTIVATIONS = {
+    "leaky_relu": (nn.LeakyReLU(0.1), 1, 0.9999),
+    "prelu": (nn.PReLU(8, init=0.2), 1, 0.9999),
+    "elu": (nn.ELU(), 1, 0.9999),
+    "selu": (nn.SELU(), 1, 0.9999),
+    "hardswish": (nn.Hardswish(), 1, 0.9999),
+    "hardsigmoid": (nn.Hardsigmoid(), 1, 0.9999),
+    "silu": (nn.SiLU(), 1, 0.9999),
+    "mish": (nn.Mish(), 1, 0.9999),
+    "clamp": (_Fn(lambda x: torch.clamp(x, -0.5, 1.0)), 1, 0.9999),
+    "relu6": (nn.ReLU6(), 1, 0.9999),
+}
+
+
+class _Acts(nn.Module):
+    """Each activation on its own input (one export for all; an input's int8 codes are what TFLM saw)."""
+
+    def __init__(self):
+        super().__init__()
+        self.acts = nn.ModuleList([a for a, *_ in ACTIVATIONS.values()])
+
+    def forward(self, *xs):
+        return tuple(a(x) for x, a in zip(xs, self.acts))
+
+
+@pytest.fixture(scope="module")
+def acts_model():
+    torch.manual_seed(0)
+    m = _Acts().eval()
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as d:
+        fl = export_float(load_object(m, tuple(torch.randn(SHAPE) for _ in ACTIVATIONS)), Path(d) / "acts.tflite")
+    keys = [t.key for t in inspect_model(fl).inputs]
+    cal = [{k: rng.standard_normal(SHAPE).astype(np.float32) * 2 for k in keys} for _ in range(32)]
+    return m, fl, quantize(fl, "static_int8", cal)
+
+
+def test_activations_run_int8_on_tflm_as_pytorch_computes_them(acts_model):
+    m, fl, model = acts_model
+    float_ops = [o["op"] for o in inspect_model(fl).ops]
+    assert {"LEAKY_RELU", "SELECT", "EXP", "LOG", "HARD_SWISH"} <= set(float_ops)  # what the rewrites meet
+    info = inspect_model(model)
+    ops = [o["op"] for o in info.ops]
+    assert not set(ops) & {"DEQUANTIZE", "SELECT", "EXP", "LOG"}, ops
+    assert {t["dtype"] for t in info.tensors.values()} <= {"int8", "int32"}
+    done = tflm_int8.rewrites(model)
+    # LEAKY_RELU int8 in place; one table per chain: ELU, SELU, Mish, clamp and a ReLU6 that no conv
+    # absorbs (the quantizer leaves it float32 between DEQUANTIZE and QUANTIZE)
+    assert done == {"LEAKY_RELU": 1, "EXP+SUB+GREATER_EQUAL+SELECT": 1, "MUL+EXP+SUB+GREATER_EQUAL+SELECT": 1,
+                    "EXP+ADD+LOG+GREATER+SELECT+TANH+MUL": 1, "MAXIMUM+MINIMUM": 1, "RELU6": 1}, done
+    rng = np.random.default_rng(1)
+    rows = [[rng.standard_normal(SHAPE).astype(np.float32) * 2 for _ in ACTIVATIONS] for _ in range(8)]
+    runs = run_micro(model, info, rows, 1 << 20)
+    worst = {}
+    with torch.no_grad():
+        for k, (name, (act, lsb, min_cos)) in enumerate(ACTIVATIONS.items()):
+            inp, out = info.inputs[k], info.outputs[k]
+            # PyTorch at the values TFLM saw: the input's int8 codes dequantized
+            seen = [torch.tensor((np.clip(np.round(r[k] / inp.scale) + inp.zero_point, -128, 127) - inp.zero_point)
+                                 * inp.scale, dtype=torch.float32) for r in rows]
+            ref = np.clip(np.stack([act(x).numpy() for x in seen]),
+                          (-128 - out.zero_point) * out.scale, (127 - out.zero_point) * out.scale)
+            got = np.stack([np.asarray(r[k]).reshape(ref.shape[1:]) for r in runs])
+            err = float(np.abs(got - ref).max())
+            worst[name] = round(err / out.scale, 2)
+            cos = float((got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref))
+            assert err <= lsb * out.scale * 1.01 + 1e-6, (name, err / out.scale)
+            assert cos > min_cos, (name, cos)
+    print("worst error in output LSBs", worst)
+
+
+def test_a_float_tensor_refusal_names_every_layer():
+    """issue 30: the refusal named the first 8 layers by name (a U-Net's decoder), hiding the rest."""
+    from tpu_pipeline.convert import checks, load_profiles
+
+    class UNetish(nn.Module):
+        def __init__(self):
+            super().__init__()
+            for i in range(6):
+                setattr(self, f"enc{i}", nn.Conv1d(4, 4, 3, padding=1))
+                setattr(self, f"dec{i}", nn.Conv1d(4, 4, 3, padding=1))
+
+        def forward(self, x):
+            for name in [f"enc{i}" for i in range(6)] + [f"dec{i}" for i in range(6)]:
+                x = torch.tanh(getattr(self, name)(x))
+            return x
+
+    with tempfile.TemporaryDirectory() as d:
+        fl = export_float(load_object(UNetish().eval(), (torch.randn(1, 4, 16),)), Path(d) / "f.tflite")
+    found = checks.check(load_profiles().get("iot"), fl, inspect_model(fl))
+    (msg,) = [v for v in found.violations if "float32" in v]
+    assert all(f"enc{i}" in msg and f"dec{i}" in msg for i in range(6)), msg
