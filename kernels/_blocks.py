@@ -82,6 +82,20 @@ def cuda_device(capability: tuple[int, int], sms: int, name: str = "CUDA GPU") -
     return Device(f"{name} (sm_{capability[0]}{capability[1]})", "gpu", kib * 1024, sms, TRITON_MAX_BLOCK_ELEMS)
 
 
+A100 = cuda_device((8, 0), 108, "NVIDIA A100")
+
+# Chips named without having them: the lowering tests, bench/gpu_check.sh.
+NAMED = {"tpu": TPU, "h200": H200, "a100": A100}
+
+
+def named_device(name: str) -> Device:
+    """The budget of a chip by name ("tpu", "h200", "a100"), for lowering the kernels
+    for a chip this machine does not have."""
+    if name not in NAMED:
+        raise ValueError(f"unknown device {name!r}; valid: {', '.join(NAMED)}")
+    return NAMED[name]
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -149,6 +163,7 @@ class LinearLogprobsBlocks(_Blocks):
     num_stages: int = 2
     atomics: bool = False
     vocab_splits: int = 1  # forward: programs sharing one row block's vocabulary walk
+    target: str = "gpu"  # the chip these blocks are for: "gpu" (Triton) or "tpu" (Mosaic); see _common.lowering
 
     def tiles(self, direction: str) -> dict[str, int]:
         t = {"acc": self.rows * self.vocab, "h": self.rows * self.hidden, "w": self.vocab * self.hidden}
@@ -183,7 +198,7 @@ def linear_logprobs_blocks(n: int, h: int, v: int, itemsize: int, device: Device
     if device.kind == "tpu":
         # Mosaic wants 128-lane multiples; VMEM is large, so wide tiles.
         cfg = LinearLogprobsBlocks(rows=fit_block(256, n, 8), vocab=fit_block(512, v, 128),
-                                   hidden=fit_block(512, h, 128))
+                                   hidden=fit_block(512, h, 128), target="tpu")
     else:
         cfg = LinearLogprobsBlocks(rows=fit_block(128, n), vocab=fit_block(dividing_block(128, v, 32), v),
                                    hidden=fit_block(64 if itemsize <= 2 else 32, h), num_warps=8, num_stages=3,
@@ -220,6 +235,7 @@ class AttentionBlocks(_Blocks):
     d: int
     num_warps: int = 4
     num_stages: int = 2
+    target: str = "gpu"  # the chip these blocks are for: "gpu" (Triton) or "tpu" (Mosaic); see _common.lowering
 
     def tiles(self, direction: str) -> dict[str, int]:
         return {"acc": (2 if direction == "bwd" else 1) * self.q * self.k, "q": self.q * self.d,
@@ -244,7 +260,7 @@ def attention_blocks(sq: int, sk: int, d: int, itemsize: int, device: Device, di
     (to 2), k (to 32), q (to 64), then stages, k and q to their floors.
     """
     if device.kind == "tpu":
-        return AttentionBlocks(q=fit_block(128, sq, 8), k=fit_block(128, sk, 8), d=d)
+        return AttentionBlocks(q=fit_block(128, sq, 8), k=fit_block(128, sk, 8), d=d, target="tpu")
     if direction == "fwd":
         q, k = (128, 64) if d <= 128 else (64, 32)
         stages = 3
@@ -283,6 +299,7 @@ class RowBlocks(_Blocks):
     d: int
     num_warps: int = 4
     programs: int = 0
+    target: str = "gpu"  # the chip these blocks are for: "gpu" (Triton) or "tpu" (Mosaic); see _common.lowering
 
     def tiles(self, direction: str) -> dict[str, int]:
         return {"acc": self.rows * self.d}
@@ -302,7 +319,7 @@ def rms_norm_blocks(n: int, d: int, device: Device, direction: str) -> RowBlocks
     per SM, each looping over its share of row blocks."""
     if device.kind == "tpu":
         rows = fit_block(256, n, 8)
-        return RowBlocks(rows=rows, d=d, programs=max(1, -(-n // rows)))
+        return RowBlocks(rows=rows, d=d, programs=max(1, -(-n // rows)), target="tpu")
     rows = fit_block(max(1, RMS_TILE_ELEMS // d), n, 1)
     warps = min(8, max(1, rows * d // 512))
     nblocks = -(-n // rows)
@@ -324,6 +341,7 @@ class VocabBlocks(_Blocks):
     vocab: int
     num_warps: int = 4
     num_stages: int = 1
+    target: str = "gpu"  # the chip these blocks are for: "gpu" (Triton) or "tpu" (Mosaic); see _common.lowering
 
     def tiles(self, direction: str) -> dict[str, int]:
         return {"acc": self.rows * self.vocab}
@@ -337,7 +355,7 @@ def token_logprobs_blocks(n: int, v: int, itemsize: int, device: Device, directi
     loads in flight; 8 rows give N/8 programs (512 at N=4096: ~4 per SM) for a
     bandwidth-bound pass. Backward: 16 x 1024 tiles, one per program, 4 warps."""
     if device.kind == "tpu":
-        return VocabBlocks(rows=fit_block(128, n, 8), vocab=fit_block(2048, v, 128))
+        return VocabBlocks(rows=fit_block(128, n, 8), vocab=fit_block(2048, v, 128), target="tpu")
     if direction == "fwd":
         cfg = VocabBlocks(rows=fit_block(8, n, 1), vocab=fit_block(dividing_block(2048, v, 128), v), num_warps=8,
                           num_stages=3)

@@ -13,6 +13,9 @@ torch.tpu.pallas.jax_op (see _tpu.py).
 
 Block sizes: each op picks its configuration from _blocks for the tensors'
 device (an H200's on CPU); explicit block_* arguments (0 = none) override it.
+The `*_blocks` functions below take the device by name instead of from a tensor, so
+a kernel can be lowered for a chip this machine does not have with exactly the
+configuration the bridge would pick there (tests/kernels/test_lowering_on_cpu.py).
 """
 
 from __future__ import annotations
@@ -49,9 +52,37 @@ def _device(t: Tensor) -> C.Device:
     return C.H200
 
 
-def _feature_dim(t: Tensor, d: int) -> int:
+def _interpreted(t: Tensor) -> bool:
+    """Whether the kernels run in Pallas's interpreter for tensors like t (CPU tensors,
+    and TPU tensors handed to a test's stand-in jax_op)."""
+    kind = _device_type(t)
+    return kind == "cpu" or (kind == "tpu" and _tpu.INTERPRET)
+
+
+def _feature_dim(d: int, device: C.Device, interpret: bool) -> int:
     """The feature width the kernel pads to (see _common.feature_dim), for sizing blocks."""
-    return max(16, C.next_pow2(d)) if _device_type(t) == "cuda" else d
+    return max(16, C.next_pow2(d)) if device.kind == "gpu" and not interpret else d
+
+
+def rms_norm_blocks(n: int, d: int, device: C.Device, direction: str, interpret: bool = False) -> C.RowBlocks:
+    return C.rms_norm_blocks(n, _feature_dim(d, device, interpret), device, direction)
+
+
+def attention_blocks(sq: int, sk: int, d: int, itemsize: int, device: C.Device, direction: str,
+                     interpret: bool = False) -> C.AttentionBlocks:
+    return C.attention_blocks(sq, sk, _feature_dim(d, device, interpret), itemsize, device, direction)
+
+
+def token_logprobs_blocks(n: int, v: int, itemsize: int, device: C.Device, direction: str) -> C.VocabBlocks:
+    return C.token_logprobs_blocks(n, v, itemsize, device, direction)
+
+
+def linear_logprobs_blocks(n: int, h: int, v: int, itemsize: int, device: C.Device,
+                           direction: str) -> C.LinearLogprobsBlocks:
+    cfg = C.linear_logprobs_blocks(n, h, v, itemsize, device, direction)
+    if L.plgpu is None:  # no Triton backend in this JAX: no atomics either
+        cfg = dataclasses.replace(cfg, atomics=False)
+    return cfg
 
 
 def _override(cfg, **fields):
@@ -74,7 +105,7 @@ def _run(fn, tensors: Sequence[Tensor], **static) -> tuple[Tensor, ...]:
     x64 = any(t.dtype == torch.float64 for t in tensors)
     with jax.enable_x64(x64):
         args = [jax.dlpack.from_dlpack(t) for t in tensors]
-        out = fn(*args, interpret=tensors[0].device.type == "cpu", **static)
+        out = fn(*args, interpret=_interpreted(tensors[0]), **static)
         out = out if isinstance(out, (tuple, list)) else (out,)
         return tuple(torch.from_dlpack(o) for o in out)
 
@@ -84,7 +115,7 @@ def _run(fn, tensors: Sequence[Tensor], **static) -> tuple[Tensor, ...]:
 @torch.library.custom_op("tpu_pipeline::rms_norm_fwd", mutates_args=())
 def _rms_fwd(x: Tensor, weight: Tensor, eps: float, block_rows: int) -> tuple[Tensor, Tensor]:
     d = x.shape[-1]
-    cfg = _override(C.rms_norm_blocks(x.numel() // d, _feature_dim(x, d), _device(x), "fwd"), rows=block_rows)
+    cfg = _override(rms_norm_blocks(x.numel() // d, d, _device(x), "fwd", _interpreted(x)), rows=block_rows)
     y, rstd = _run(R.rms_norm_fwd, [x.reshape(-1, d), weight], eps=eps, cfg=cfg)
     return y.reshape(x.shape), rstd
 
@@ -97,7 +128,7 @@ def _(x, weight, eps, block_rows):
 @torch.library.custom_op("tpu_pipeline::rms_norm_bwd", mutates_args=())
 def _rms_bwd(x: Tensor, weight: Tensor, rstd: Tensor, dy: Tensor, block_rows: int) -> tuple[Tensor, Tensor]:
     d = x.shape[-1]
-    cfg = _override(C.rms_norm_blocks(x.numel() // d, _feature_dim(x, d), _device(x), "bwd"), rows=block_rows)
+    cfg = _override(rms_norm_blocks(x.numel() // d, d, _device(x), "bwd", _interpreted(x)), rows=block_rows)
     dx, dw = _run(R.rms_norm_bwd, [x.reshape(-1, d), weight, rstd, dy.reshape(-1, d)], cfg=cfg)
     return dx.reshape(x.shape), dw
 
@@ -144,8 +175,7 @@ def _kv_padded(k: Tensor, v: Tensor, kv_start: Tensor, block_k: int) -> tuple[Te
 
 
 def _attn_cfg(q: Tensor, sk: int, direction: str, block_q: int, block_k: int) -> C.AttentionBlocks:
-    d = _feature_dim(q, q.shape[3])
-    cfg = C.attention_blocks(q.shape[2], sk, d, q.element_size(), _device(q), direction)
+    cfg = attention_blocks(q.shape[2], sk, q.shape[3], q.element_size(), _device(q), direction, _interpreted(q))
     return _override(cfg, q=block_q, k=block_k)
 
 
@@ -206,7 +236,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
 
 def _tl_cfg(logits: Tensor, direction: str, block_rows: int, block_vocab: int) -> C.VocabBlocks:
     v = logits.shape[-1]
-    cfg = C.token_logprobs_blocks(logits.numel() // v, v, logits.element_size(), _device(logits), direction)
+    cfg = token_logprobs_blocks(logits.numel() // v, v, logits.element_size(), _device(logits), direction)
     return _override(cfg, rows=block_rows, vocab=block_vocab)
 
 
@@ -261,10 +291,8 @@ def token_logprobs(logits: Tensor, labels: Tensor, block_rows: int | None, block
 
 def _ltl_cfg(hidden: Tensor, weight: Tensor, direction: str, blocks: Sequence[int]) -> C.LinearLogprobsBlocks:
     h = hidden.shape[-1]
-    cfg = C.linear_logprobs_blocks(hidden.numel() // h, h, weight.shape[0], hidden.element_size(), _device(hidden),
-                                   direction)
-    if L.plgpu is None:  # no Triton backend in this JAX: no atomics either
-        cfg = dataclasses.replace(cfg, atomics=False)
+    cfg = linear_logprobs_blocks(hidden.numel() // h, h, weight.shape[0], hidden.element_size(), _device(hidden),
+                                 direction)
     return _override(cfg, rows=blocks[0], vocab=blocks[1], hidden=blocks[2])
 
 

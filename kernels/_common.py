@@ -56,17 +56,36 @@ def _prec(a):
     return lax.Precision.HIGHEST if a.dtype in (jnp.float32, jnp.float64) else None
 
 
-def call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str,
+def lowering(cfg, interpret: bool) -> str:
+    """What a kernel call lowers for: "interpret" (Pallas's interpreter, any machine),
+    "gpu" (Pallas -> Triton) or "tpu" (Pallas -> Mosaic).
+
+    The chip is the one the blocks were sized for (`cfg.target`, from _blocks' Device),
+    never the JAX backend of this process: torch-tpu's jax_op exports the kernel for
+    platforms=["tpu"] from a process whose JAX runs on CPU, and the lowering tests
+    export for TPU and CUDA on a machine with neither.
+    """
+    return "interpret" if interpret else cfg.target
+
+
+def call(kernel, *, grid, in_specs, out_specs, out_shape, target: str, name: str,
          launch: tuple[int, int] | None = None, input_output_aliases: dict[int, int] | None = None):
     """pl.pallas_call with list-valued specs and shapes (every kernel here has several
-    outputs). launch = (num_warps, num_stages) applies where Pallas lowers through
-    Triton (a native GPU run); interpret mode and Mosaic ignore it."""
+    outputs), with the compiler parameters of `target` (see `lowering`):
+      - "gpu": Triton's launch parameters, launch = (num_warps, num_stages). Passing
+        them is also what makes Pallas lower through Triton: without them JAX picks
+        Mosaic GPU, which cannot lower these kernels (shared memory, copy sizes);
+      - "tpu": every grid axis "parallel" (no grid step reads what another wrote), so
+        Mosaic may split the grid over the TensorCores of a megacore chip (v4, v5p);
+      - "interpret": none."""
     params = None
-    if launch is not None and plgpu is not None and not interpret and jax.default_backend() == "gpu":
+    if target == "gpu" and launch is not None and plgpu is not None:
         params = plgpu.CompilerParams(num_warps=launch[0], num_stages=launch[1])
+    elif target == "tpu":
+        params = pltpu.CompilerParams(dimension_semantics=("parallel",) * len(grid))
     return pl.pallas_call(kernel, grid=grid, in_specs=list(in_specs), out_specs=list(out_specs),
-                          out_shape=list(out_shape), interpret=interpret, name=name, compiler_params=params,
-                          input_output_aliases=dict(input_output_aliases or {}))
+                          out_shape=list(out_shape), interpret=target == "interpret", name=name,
+                          compiler_params=params, input_output_aliases=dict(input_output_aliases or {}))
 
 
 def kernel_jit(*, static_argnames):
@@ -91,27 +110,24 @@ def kernel_jit(*, static_argnames):
     return wrap
 
 
-def _tpu() -> bool:
-    return jax.default_backend() == "tpu"
-
-
-def row_scalars_spec(n: int):
+def row_scalars_spec(n: int, target: str):
     """BlockSpec for an int32 [B, n] array of run-time scalars (lengths): each program
     of batch row b (grid axis 0) reads row b. On TPU scalars live in SMEM, whole."""
-    if _tpu():
+    if target == "tpu":
         return pl.BlockSpec(memory_space=pltpu.SMEM)
     return pl.BlockSpec((None, n), lambda b, *_: (b, 0))
 
 
-def read_row_scalar(ref, i: int):
+def read_row_scalar(ref, i: int, target: str):
     """Scalar i of this program's row of a row_scalars_spec array."""
-    return ref[pl.program_id(0), i] if _tpu() else ref[i]
+    return ref[pl.program_id(0), i] if target == "tpu" else ref[i]
 
 
-def feature_dim(n: int, interpret: bool) -> int:
+def feature_dim(n: int, target: str) -> int:
     """Size a feature (lane) dimension is padded to: Pallas on GPU lowers through
-    Triton, whose blocks must be powers of two; elsewhere the true size. Zero
-    padding leaves dot products and sums of squares unchanged."""
-    if interpret or jax.default_backend() != "gpu":
+    Triton, whose blocks must be powers of two; elsewhere the true size (a TPU block
+    may span a whole dimension of any size). Zero padding leaves dot products and
+    sums of squares unchanged."""
+    if target != "gpu":
         return n
     return max(16, pl.next_power_of_2(n))

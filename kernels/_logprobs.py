@@ -35,7 +35,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from tpu_pipeline.kernels._common import NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, kernel_jit, pad_axis, round_up
+from tpu_pipeline.kernels._common import (NEG, acc_dtype, call, dot_nn, dot_nt, dot_tn, kernel_jit, lowering, pad_axis,
+                                         round_up)
 from tpu_pipeline.kernels._blocks import LinearLogprobsBlocks, VocabBlocks
 
 try:
@@ -92,7 +93,8 @@ def _launch(cfg) -> tuple[int, int]:
 
 
 @kernel_jit(static_argnames=("cfg", "interpret"))
-def token_logprobs_fwd(x, labels, *, cfg: VocabBlocks, interpret: bool):
+def token_logprobs_fwd(x: jax.Array, labels: jax.Array, *, cfg: VocabBlocks,
+                       interpret: bool) -> tuple[jax.Array, jax.Array]:
     """x [N, V], labels [N] int32 -> (logprobs [N], lse [N]) in float32 (float64 for float64 x)."""
     n, v = x.shape
     acc = acc_dtype(x.dtype)
@@ -105,13 +107,14 @@ def token_logprobs_fwd(x, labels, *, cfg: VocabBlocks, interpret: bool):
         functools.partial(_tl_fwd_kernel, bv=bv, v=v, nv=v_p // bv), grid=(n_p // br,),
         in_specs=[pl.BlockSpec((br, v_p), lambda i: (i, 0)), col], out_specs=[col, col],
         out_shape=[jax.ShapeDtypeStruct((n_p, 1), acc)] * 2,
-        interpret=interpret, name="token_logprobs_fwd", launch=_launch(cfg),
+        target=lowering(cfg, interpret), name="token_logprobs_fwd", launch=_launch(cfg),
     )(xp, lab)
     return lp[:n, 0], lse[:n, 0]
 
 
 @kernel_jit(static_argnames=("cfg", "interpret"))
-def token_logprobs_bwd(x, labels, lse, g, *, cfg: VocabBlocks, interpret: bool):
+def token_logprobs_bwd(x: jax.Array, labels: jax.Array, lse: jax.Array, g: jax.Array, *, cfg: VocabBlocks,
+                       interpret: bool) -> jax.Array:
     """-> d x [N, V] in x.dtype."""
     n, v = x.shape
     br, bv = cfg.rows, cfg.vocab
@@ -123,7 +126,7 @@ def token_logprobs_bwd(x, labels, lse, g, *, cfg: VocabBlocks, interpret: bool):
         _tl_bwd_kernel, grid=(n_p // br, v_p // bv),
         in_specs=[blk, col, col, col], out_specs=[blk],
         out_shape=[jax.ShapeDtypeStruct((n_p, v_p), x.dtype)],
-        interpret=interpret, name="token_logprobs_bwd", launch=_launch(cfg),
+        target=lowering(cfg, interpret), name="token_logprobs_bwd", launch=_launch(cfg),
     )(xp, pad_axis(labels.reshape(n, 1), 0, n_p, -1), pad_axis(lse.reshape(n, 1), 0, n_p),
       pad_axis(g.reshape(n, 1).astype(lse.dtype), 0, n_p))
     return dx[:n, :v]
@@ -236,7 +239,8 @@ def _ltl_geometry(h, w, cfg):
 
 
 @kernel_jit(static_argnames=("cfg", "interpret"))
-def linear_token_logprobs_fwd(h, w, labels, *, cfg: LinearLogprobsBlocks, interpret: bool):
+def linear_token_logprobs_fwd(h: jax.Array, w: jax.Array, labels: jax.Array, *, cfg: LinearLogprobsBlocks,
+                              interpret: bool) -> tuple[jax.Array, jax.Array]:
     """h [N, H], w [V, H], labels [N] -> (logprobs [N], lse [N]) float32 (float64 for float64 h).
 
     Zero padding of H (to whole slices) changes no logit; padded vocabulary columns
@@ -254,7 +258,7 @@ def linear_token_logprobs_fwd(h, w, labels, *, cfg: LinearLogprobsBlocks, interp
         in_specs=[pl.BlockSpec((br, h_p), lambda i, s: (i, 0)), pl.BlockSpec((v_p, h_p), lambda i, s: (0, 0)),
                   pl.BlockSpec((br, 1), lambda i, s: (i, 0))],
         out_specs=[part] * 3, out_shape=[jax.ShapeDtypeStruct((n_p, splits), acc)] * 3,
-        interpret=interpret, name="linear_token_logprobs_fwd", launch=_launch(cfg),
+        target=lowering(cfg, interpret), name="linear_token_logprobs_fwd", launch=_launch(cfg),
     )(pad_axis(pad_axis(h, 0, n_p), 1, h_p), pad_axis(pad_axis(w, 0, v_p), 1, h_p),
       pad_axis(labels.reshape(n, 1), 0, n_p, -1))
     # Merge the splits' partial log-sum-exps ([N, splits]: a few numbers a row).
@@ -265,7 +269,8 @@ def linear_token_logprobs_fwd(h, w, labels, *, cfg: LinearLogprobsBlocks, interp
 
 
 @kernel_jit(static_argnames=("cfg", "interpret"))
-def linear_token_logprobs_bwd(h, w, labels, lse, g, *, cfg: LinearLogprobsBlocks, interpret: bool):
+def linear_token_logprobs_bwd(h: jax.Array, w: jax.Array, labels: jax.Array, lse: jax.Array, g: jax.Array, *,
+                              cfg: LinearLogprobsBlocks, interpret: bool) -> tuple[jax.Array, jax.Array]:
     """-> (d h [N, H] in h.dtype, d w [V, H] in w.dtype), accumulated in float32."""
     n, hd, v, n_p, h_p, v_p = _ltl_geometry(h, w, cfg)
     acc = acc_dtype(h.dtype)
@@ -286,7 +291,7 @@ def linear_token_logprobs_bwd(h, w, labels, lse, g, *, cfg: LinearLogprobsBlocks
             functools.partial(_ltl_bwd_atomic_kernel, cfg=cfg, v=v, nh=nh), grid=(n_p // br, v_p // bv),
             in_specs=[rows, vocab, col, col, col, rows, vocab], out_specs=[rows, vocab],
             out_shape=[dh_shape, dw_shape], input_output_aliases={5: 0, 6: 1},
-            interpret=interpret, name="linear_token_logprobs_bwd", launch=_launch(cfg),
+            target=lowering(cfg, interpret), name="linear_token_logprobs_bwd", launch=_launch(cfg),
         )(hp, wp, labp, lsep, gp, jnp.zeros(dh_shape.shape, acc), jnp.zeros(dw_shape.shape, acc))
     else:
         col = pl.BlockSpec((br, 1), lambda i: (i, 0))
@@ -294,14 +299,15 @@ def linear_token_logprobs_bwd(h, w, labels, lse, g, *, cfg: LinearLogprobsBlocks
         (dh,) = call(
             functools.partial(_ltl_dh_kernel, cfg=cfg, v=v, nv=v_p // bv, nh=nh), grid=(n_p // br,),
             in_specs=[rows, pl.BlockSpec((v_p, h_p), lambda i: (0, 0)), col, col, col], out_specs=[rows],
-            out_shape=[dh_shape], interpret=interpret, name="linear_token_logprobs_dh", launch=_launch(cfg),
+            out_shape=[dh_shape], target=lowering(cfg, interpret), name="linear_token_logprobs_dh",
+            launch=_launch(cfg),
         )(hp, wp, labp, lsep, gp)
         colfull = pl.BlockSpec((n_p, 1), lambda j: (0, 0))
         vocab = pl.BlockSpec((bv, h_p), lambda j: (j, 0))
         (dw,) = call(
             functools.partial(_ltl_dw_kernel, cfg=cfg, v=v, nr=n_p // br, nh=nh), grid=(v_p // bv,),
             in_specs=[pl.BlockSpec((n_p, h_p), lambda j: (0, 0)), vocab, colfull, colfull, colfull],
-            out_specs=[vocab], out_shape=[dw_shape], interpret=interpret, name="linear_token_logprobs_dw",
+            out_specs=[vocab], out_shape=[dw_shape], target=lowering(cfg, interpret), name="linear_token_logprobs_dw",
             launch=_launch(cfg),
         )(hp, wp, labp, lsep, gp)
     return dh[:n, :hd].astype(h.dtype), dw[:v, :hd].astype(w.dtype)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from tpu_pipeline.kernels._common import acc_dtype, call, feature_dim, kernel_jit, pad_axis, round_up
+from tpu_pipeline.kernels._common import acc_dtype, call, feature_dim, kernel_jit, lowering, pad_axis, round_up
 from tpu_pipeline.kernels._blocks import RowBlocks
 
 
@@ -51,10 +51,12 @@ def _bwd_kernel(x_ref, w_ref, rstd_ref, dy_ref, dx_ref, dw_ref, *, d: int, br: i
 
 
 @kernel_jit(static_argnames=("eps", "cfg", "interpret"))
-def rms_norm_fwd(x, w, *, eps: float, cfg: RowBlocks, interpret: bool):
+def rms_norm_fwd(x: jax.Array, w: jax.Array, *, eps: float, cfg: RowBlocks,
+                 interpret: bool) -> tuple[jax.Array, jax.Array]:
     """x [N, D], w [D] -> (y [N, D] in x.dtype, rstd [N, 1] float32/64)."""
     n, d = x.shape
-    dp = feature_dim(d, interpret)
+    target = lowering(cfg, interpret)
+    dp = feature_dim(d, target)
     acc = acc_dtype(x.dtype)
     br = cfg.rows
     n_p = round_up(n, br)
@@ -65,7 +67,7 @@ def rms_norm_fwd(x, w, *, eps: float, cfg: RowBlocks, interpret: bool):
         functools.partial(_fwd_kernel, eps=eps, d=d), grid=(n_p // br,),
         in_specs=[row, pl.BlockSpec((1, dp), lambda i: (0, 0))], out_specs=[row, col],
         out_shape=[jax.ShapeDtypeStruct((n_p, dp), x.dtype), jax.ShapeDtypeStruct((n_p, 1), acc)],
-        interpret=interpret, name="rms_norm_fwd", launch=(cfg.num_warps, 1),
+        target=target, name="rms_norm_fwd", launch=(cfg.num_warps, 1),
     )(xp, pad_axis(w.reshape(1, d), 1, dp))
     return y[:n, :d], rstd[:n]
 
@@ -79,10 +81,12 @@ def bwd_split(n: int, rows: int, programs: int) -> tuple[int, int]:
 
 
 @kernel_jit(static_argnames=("cfg", "interpret"))
-def rms_norm_bwd(x, w, rstd, dy, *, cfg: RowBlocks, interpret: bool):
+def rms_norm_bwd(x: jax.Array, w: jax.Array, rstd: jax.Array, dy: jax.Array, *, cfg: RowBlocks,
+                 interpret: bool) -> tuple[jax.Array, jax.Array]:
     """-> (dx [N, D] in x.dtype, dw [D] in w.dtype)."""
     n, d = x.shape
-    dp = feature_dim(d, interpret)
+    target = lowering(cfg, interpret)
+    dp = feature_dim(d, target)
     acc = acc_dtype(x.dtype)
     br = cfg.rows
     progs, steps = bwd_split(n, br, cfg.programs)
@@ -93,11 +97,14 @@ def rms_norm_bwd(x, w, rstd, dy, *, cfg: RowBlocks, interpret: bool):
     rp = pad_axis(rstd, 0, n_p, 1.0)
     row = pl.BlockSpec((span, dp), lambda i: (i, 0))
     col = pl.BlockSpec((span, 1), lambda i: (i, 0))
+    # One [1, D] partial per program, as a [programs, 1, D] array: a (1, D) block of a
+    # [programs, D] array breaks TPU's rule that a block's last two dims are multiples
+    # of (8, 128) or whole; here they are whole.
     dx, dw_part = call(
         functools.partial(_bwd_kernel, d=d, br=br, steps=steps), grid=(progs,),
         in_specs=[row, pl.BlockSpec((1, dp), lambda i: (0, 0)), col, row],
-        out_specs=[row, pl.BlockSpec((1, dp), lambda i: (i, 0))],
-        out_shape=[jax.ShapeDtypeStruct((n_p, dp), x.dtype), jax.ShapeDtypeStruct((progs, dp), acc)],
-        interpret=interpret, name="rms_norm_bwd", launch=(cfg.num_warps, 2),
+        out_specs=[row, pl.BlockSpec((None, 1, dp), lambda i: (i, 0, 0))],
+        out_shape=[jax.ShapeDtypeStruct((n_p, dp), x.dtype), jax.ShapeDtypeStruct((progs, 1, dp), acc)],
+        target=target, name="rms_norm_bwd", launch=(cfg.num_warps, 2),
     )(xp, pad_axis(w.reshape(1, d), 1, dp), rp, dyp)
-    return dx[:n, :d], jnp.sum(dw_part, axis=0)[:d].astype(w.dtype)
+    return dx[:n, :d], jnp.sum(dw_part, axis=(0, 1))[:d].astype(w.dtype)

@@ -18,7 +18,7 @@ from tpu_pipeline.kernels import _attention, _logprobs, _rmsnorm
 KERNEL_MODULES = (_attention, _logprobs, _rmsnorm)
 
 
-def poisoned_call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str, launch=None,
+def poisoned_call(kernel, *, grid, in_specs, out_specs, out_shape, target: str, name: str, launch=None,
                   input_output_aliases=None):
     """Same signature as tpu_pipeline.kernels._common.call; aliases a NaN-filled input
     onto each output the kernel does not already initialise from an input, so what
@@ -33,7 +33,7 @@ def poisoned_call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bo
 
     aliases.update({n_in + j: i for j, i in enumerate(fill_outs)})
     raw = pl.pallas_call(kernel_ignoring_fills, grid=grid, in_specs=list(in_specs) + [out_specs[i] for i in fill_outs],
-                         out_specs=list(out_specs), out_shape=outs, interpret=interpret, name=name,
+                         out_specs=list(out_specs), out_shape=outs, interpret=target == "interpret", name=name,
                          input_output_aliases=aliases)
 
     def run(*args):

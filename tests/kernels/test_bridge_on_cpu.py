@@ -86,21 +86,28 @@ def test_bad_input_is_one_clear_user_error(call, match):
 
 
 def _fake_torch_tpu(monkeypatch):
-    """A stand-in for torch-tpu's `torch.tpu.pallas.jax_op`: hands the tensors to the
-    JAX function through DLPack (JAX on CPU, so the kernel runs interpreted)."""
+    """A stand-in for torch-tpu's `torch.tpu.pallas.jax_op(name, fn)` that runs what the
+    real one cannot run here: it hands the tensors to the JAX function through DLPack,
+    with the kernel interpreted (JAX on CPU). Its name and signature checks are the real
+    package's, checked in tests/core/test_tpu_contract_on_cpu.py."""
     import jax
 
     seen = []
 
-    def jax_op(fn):
+    def jax_op(name, fn):
+        assert name.startswith("tpu_pipeline_tpu::") and name.count("::") == 1, name
+
         def call(*tensors):
-            seen.append(fn)
+            seen.append(name)
             out = fn(*(jax.dlpack.from_dlpack(t) for t in tensors))
+            out = out if isinstance(out, (tuple, list)) else (out,)
             return tuple(torch.from_dlpack(o) for o in out)
 
         return call
 
     monkeypatch.setattr(torch, "tpu", types.SimpleNamespace(pallas=types.SimpleNamespace(jax_op=jax_op)), raising=False)
+    monkeypatch.setattr(_tpu, "INTERPRET", True)
+    _tpu.op_for.cache_clear()  # ops made with another test's jax_op
     return seen
 
 
@@ -112,7 +119,8 @@ def test_tpu_route_goes_through_jax_op(monkeypatch):
     w = torch.randn(16, requires_grad=True)
     y = rms_norm(x, w, impl="pallas", block_rows=8)
     y.sum().backward()
-    assert len(seen) == 2  # forward and backward kernels
+    assert [n.split("::")[1].rsplit("_", 1)[0] for n in seen] == ["rms_norm_fwd", "rms_norm_bwd"]
+    _tpu.op_for.cache_clear()
     xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
     yr = ref.rms_norm(xr, wr)
     yr.sum().backward()
@@ -166,7 +174,7 @@ def test_gpu_feature_padding_is_exact(monkeypatch):
     from tpu_pipeline.kernels import _attention, _rmsnorm
 
     for mod in (_rmsnorm, _attention):
-        monkeypatch.setattr(mod, "feature_dim", lambda n, interpret: max(16, 1 << (n - 1).bit_length()))
+        monkeypatch.setattr(mod, "feature_dim", lambda n, target: max(16, 1 << (n - 1).bit_length()))
     g = torch.Generator().manual_seed(0)
     d = dict(dtype=torch.float64)
     cases = [

@@ -218,7 +218,7 @@ def test_poison_catches_an_unwritten_block(poisoning_call):
 
     spec = pl.BlockSpec((8, 4), lambda i: (i, 0))
     out_shape = [jax.ShapeDtypeStruct((16, 4), jnp.float32)]
-    kw = dict(grid=(2,), in_specs=[spec], out_specs=[spec], out_shape=out_shape, interpret=True, name="t")
+    kw = dict(grid=(2,), in_specs=[spec], out_specs=[spec], out_shape=out_shape, target="interpret", name="t")
     # dtype explicit: another library may have turned on jax x64 globally
     (poisoned,) = poisoning_call(first_block_only, **kw)(jnp.ones((16, 4), jnp.float32))
     assert bool(jnp.isnan(poisoned[8:]).all()) and bool((poisoned[:8] == 1).all())
