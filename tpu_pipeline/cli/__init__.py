@@ -19,6 +19,7 @@ import click
 
 from tpu_pipeline import __version__
 from tpu_pipeline.cli.commands import COMMANDS, EXIT_CODES_HELP
+from tpu_pipeline.cli.quiet import quiet
 from tpu_pipeline.errors import EXIT_FAILURE, PipelineError
 
 
@@ -55,18 +56,21 @@ def debug_enabled(ctx: click.Context | None = None) -> bool:
 
 @click.group(cls=PipelineGroup, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, "--version", prog_name="tpu-pipeline")
-@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors, and the libraries' own warnings.")
 def cli(debug: bool) -> None:
     """Train PyTorch models on TPU/GPU/CPU, improve them with GRPO, ship them as LiteRT."""
 
 
 def main(argv: list[str] | None = None) -> None:
-    cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="tpu-pipeline")
+    args = argv if argv is not None else sys.argv[1:]
+    if not (os.environ.get("TPU_PIPELINE_DEBUG") == "1" or "--debug" in args):
+        quiet()  # the libraries' own warnings only with --debug (quiet.py says which and why)
+    cli.main(args=args, prog_name="tpu-pipeline")
 
 
-# Every module of this package but the registry is a command module: importing it registers it.
+# Every module of this package but the registry and quiet is a command module: importing it registers it.
 for _module in pkgutil.iter_modules(__path__):
-    if _module.name != "commands":
+    if _module.name not in ("commands", "quiet"):
         importlib.import_module(f"{__name__}.{_module.name}")
 for _entry in COMMANDS.entries():
     cli.add_command(_entry.obj, _entry.name)

@@ -1,0 +1,97 @@
+"""A quiet terminal (tpu_pipeline/cli/quiet.py): the libraries' chatter only with --debug."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tpu_pipeline.cli.quiet import _pump
+
+# What `convert` printed before quiet.py, on any host: absl's notice from litert-torch's native
+# import, torch's deprecation for torchao's enums, TFLite's delegate line at the first parity run.
+LIBRARY_LINES = ("absl::InitializeLog() is called", "Calling register_constant() on Enum subclasses",
+                 "Created TensorFlow Lite XNNPACK delegate")
+# Also printed on this CPU host (torchao's CUDA kernels, TensorFlow's oneDNN), never in a quiet run.
+HOST_LINES = ("Failed to load", "oneDNN custom operations are on")
+
+
+def pumped(*writes: bytes) -> bytes:
+    """What the fd 2 filter lets through, for these writes into its pipe."""
+    r_in, w_in = os.pipe()
+    r_out, w_out = os.pipe()
+    t = threading.Thread(target=_pump, args=(r_in, w_out))
+    t.start()
+    for chunk in writes:
+        os.write(w_in, chunk)
+    os.close(w_in)
+    t.join(timeout=10)
+    os.close(w_out)
+    with os.fdopen(r_out, "rb") as f:
+        return f.read()
+
+
+def test_filter_drops_the_native_lines_and_keeps_the_rest():
+    out = pumped(
+        b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
+        b"I0000 00:00:1796178701.434420   13817 port.cc:153] oneDNN custom operations are on. ...\n",
+        b"  export: torch -> float32 .tflite\n",
+        b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n",
+        b"E1202 02:31:47.152000 13817 foo.cc:1] a native error stays\n",
+        b"Traceback (most recent call last):\n  File \"x.py\", line 1\n",
+    )
+    assert out == (b"  export: torch -> float32 .tflite\n" b"E1202 02:31:47.152000 13817 foo.cc:1] a native error stays\n"
+                   b"Traceback (most recent call last):\n  File \"x.py\", line 1\n")
+
+
+def test_filter_passes_a_partial_line_at_once():
+    # a progress bar redrawn with \r, or a prompt, must not wait for a newline that never comes
+    r_in, w_in = os.pipe()
+    r_out, w_out = os.pipe()
+    t = threading.Thread(target=_pump, args=(r_in, w_out), daemon=True)
+    t.start()
+    os.write(w_in, b"step 3/10\r")
+    assert os.read(r_out, 100) == b"step 3/10\r"
+    os.close(w_in)
+    t.join(timeout=10)
+    os.close(w_out), os.close(r_out)
+
+
+def test_filter_drops_a_noise_line_cut_in_two_and_keeps_one_that_only_starts_alike():
+    assert pumped(b"INFO: Created TensorFlow", b" Lite XNNPACK delegate for CPU.\n", b"I", b"nterrupted.\n") == b"Interrupted.\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_pt2(tmp_path_factory):
+    import torch
+
+    net = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).eval()
+    path = tmp_path_factory.mktemp("quiet") / "tiny.pt2"
+    torch.export.save(torch.export.export(net, (torch.randn(1, 16),)), path)
+    return path
+
+
+def convert(pt2: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    exe = shutil.which("tpu-pipeline", path=str(Path(sys.executable).parent))
+    env = {k: v for k, v in os.environ.items() if k != "TPU_PIPELINE_DEBUG"}
+    return subprocess.run([exe, *flags, "convert", str(pt2), "--targets", "desktop", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.mark.slow
+def test_convert_prints_only_its_own_lines_and_debug_shows_the_rest(tiny_pt2, tmp_path):
+    quiet_run = convert(tiny_pt2, tmp_path / "quiet")
+    assert quiet_run.returncode == 0, quiet_run.stderr
+    assert "export: torch -> float32 .tflite" in quiet_run.stderr  # the tool's own progress stays
+    for line in LIBRARY_LINES + HOST_LINES:
+        assert line not in quiet_run.stderr, quiet_run.stderr
+    debug_run = convert(tiny_pt2, tmp_path / "debug", "--debug")
+    assert debug_run.returncode == 0, debug_run.stderr
+    # the libraries still print these (else the filter above proves nothing); --debug shows them
+    for line in LIBRARY_LINES:
+        assert line in debug_run.stderr, debug_run.stderr
