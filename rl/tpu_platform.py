@@ -6,9 +6,14 @@ installed (VeRL workers import it through
 `actor_rollout_ref.model.external_lib=tpu_pipeline.rl.tpu_platform`, set by
 `--engine verl` on a TPU host, with VERL_PLATFORM=tpu).
 
-Not yet verified on TPU hardware: unit-tested with a fake `torch_tpu` only.
-The collective backend is the one torch_tpu registers with torch.distributed
-("tpu" when present), else gloo; TPU_PIPELINE_TPU_DIST_BACKEND overrides it.
+The names are those of VeRL's own TPU platform (verl-hardware-plugin's PlatformTPU):
+device "tpu", collective backend "tpu_dist" (what torch-tpu registers with
+torch.distributed once a TPU starts; gloo where it has not; TPU_PIPELINE_TPU_DIST_BACKEND
+overrides), Ray resource "TPU". Device queries go through torch-tpu 0.2.0's public
+`torch.accelerator` API: its `torch.tpu.is_available` and `device_count` raise.
+
+Not verified on TPU hardware. Checked against the real torch-tpu 0.2.0 and VeRL without
+a TPU (tests/core/test_tpu_contract_on_cpu.py, in .venv-tpu), and with a fake torch_tpu.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import torch.distributed as dist
 from tpu_pipeline._tpu_guard import tpu_hardware_present
 
 PLATFORM_NAME = "tpu"
+DIST_BACKEND = "tpu_dist"  # torch_tpu/_loader.py: Backend.register_backend("tpu_dist", ...)
+RAY_RESOURCE = "TPU"
 
 
 def _tpu() -> ModuleType:
@@ -57,7 +64,9 @@ def _platform_class():
 
         def is_available(self) -> bool:
             try:
-                return bool(_tpu().is_available())
+                _tpu()
+                cur = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+                return getattr(cur, "type", None) == PLATFORM_NAME
             except Exception:  # noqa: BLE001 - a missing runtime means "not available"
                 return False
 
@@ -69,18 +78,19 @@ def _platform_class():
             return self.is_available()
 
         def current_device(self) -> int:
-            return int(_tpu().current_device())
+            _tpu()
+            return int(torch.accelerator.current_device_index())
 
         def device_count(self) -> int:
-            return int(_tpu().device_count())
+            return int(torch.accelerator.device_count()) if self.is_available() else 0
 
         def set_device(self, device_index: int) -> None:
-            _tpu().set_device(device_index)
+            _tpu()
+            torch.accelerator.set_device_index(device_index)
 
         def synchronize(self, device_index: Optional[int] = None) -> None:
-            tpu = _tpu()
-            if hasattr(tpu, "synchronize"):
-                tpu.synchronize(device_index) if device_index is not None else tpu.synchronize()
+            _tpu()
+            torch.accelerator.synchronize(device_index)
 
         def manual_seed(self, seed: int) -> None:
             tpu = _tpu()
@@ -105,7 +115,7 @@ def _platform_class():
             override = os.environ.get("TPU_PIPELINE_TPU_DIST_BACKEND")
             if override:
                 return override
-            return "tpu" if "tpu" in getattr(dist.Backend, "backend_list", []) else "gloo"
+            return DIST_BACKEND if DIST_BACKEND in getattr(dist.Backend, "backend_list", []) else "gloo"
 
         def visible_devices_envvar(self) -> str:
             return "TPU_VISIBLE_CHIPS"
@@ -121,7 +131,7 @@ def _platform_class():
             return
 
         def ray_resource_name(self) -> str:
-            return "TPU"
+            return RAY_RESOURCE
 
         def ray_noset_envvars(self) -> list[str]:
             return ["RAY_EXPERIMENTAL_NOSET_TPU_VISIBLE_CHIPS"]

@@ -38,7 +38,11 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=_long_first)  # stable: the rest keep their order
 
     has_cuda = torch.cuda.is_available()
-    has_tpu = hasattr(torch, "tpu") and torch.tpu.is_available()
+    # torch-tpu 0.2.0 raises on the legacy torch.tpu device queries; the library's probe asks
+    # torch.accelerator in a child process, and only where a TPU host's signs are.
+    from tpu_pipeline._tpu_guard import probe_tpu, torch_tpu_version, tpu_hardware_present
+
+    has_tpu = tpu_hardware_present() and torch_tpu_version() is not None and probe_tpu().count > 0
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))

@@ -2,6 +2,8 @@
 
 `select_device` picks TPU (through TorchTPU), else CUDA, else CPU, and
 returns a `Platform` that every stage reads instead of asking torch itself.
+TPUs are counted by `_tpu_guard.probe_tpu` (torch-tpu's public `torch.accelerator`
+API, in a child process); this process loads torch-tpu only once a TPU is there.
 `compile` is torch.compile with that platform's backend; `inductor_pallas=True` makes
 Inductor emit Pallas kernels (its Pallas code generator) for the graph.
 
@@ -14,12 +16,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import importlib.metadata
 import importlib.util
 import os
 import platform as pyplatform
 from typing import Any, Callable, Iterator
 
-from tpu_pipeline._tpu_guard import tpu_hardware_present
+from tpu_pipeline._tpu_guard import probe_tpu, tpu_hardware_present
 from tpu_pipeline.errors import UserError
 
 DEVICE_KINDS = ("auto", "tpu", "cuda", "cpu")
@@ -63,16 +66,15 @@ def torch_tpu_installed() -> bool:
     return importlib.util.find_spec("torch_tpu") is not None
 
 
-def _tpu_count(load: bool) -> int:
-    """Number of TPU chips torch sees; imports torch_tpu only when `load`."""
-    if not load or not torch_tpu_installed():
-        return 0
-    torch = _torch()
+def _load_torch_tpu(torch) -> None:
+    """Makes device "tpu" usable in this process: torch-tpu's own loader (its
+    `torch.backends` entry point, what torch's auto-load calls), unless it already ran."""
     importlib.import_module("torch_tpu")
-    tpu = getattr(torch, "tpu", None)
-    if tpu is None or not tpu.is_available():
-        return 0
-    return int(tpu.device_count())
+    if torch._C._get_privateuse1_backend_name() == "tpu":
+        return
+    for ep in importlib.metadata.entry_points(group="torch.backends"):
+        if ep.name == "torch_tpu":
+            ep.load()()
 
 
 def _cuda_count() -> int:
@@ -83,7 +85,7 @@ def _cuda_count() -> int:
 def available_devices() -> list[str]:
     """Device kinds usable here. TPU is probed only on TPU hardware."""
     kinds = []
-    if tpu_hardware_present() and _tpu_count(load=True):
+    if tpu_hardware_present() and torch_tpu_installed() and probe_tpu().count:
         kinds.append("tpu")
     if _cuda_count():
         kinds.append("cuda")
@@ -101,10 +103,13 @@ def select_device(kind: str = "auto") -> Platform:
                 "device 'tpu' asked for but torch-tpu is not installed "
                 f"(pip install 'tpu-pipeline[tpu]'); available: {', '.join(available_devices())}"
             )
-        n = _tpu_count(load=True)
-        if not n:
-            raise UserError(f"device 'tpu' asked for but no TPU is visible; available: {', '.join(available_devices())}")
-        return _tpu_platform(n, "asked for --device tpu")
+        probe = probe_tpu()
+        if probe.error:
+            raise UserError(f"device 'tpu' asked for but {probe.error}; available: {', '.join(available_devices())}")
+        if not probe.count:
+            raise UserError(f"device 'tpu' asked for but no TPU is visible (torch-tpu {probe.version or '?'} sees "
+                            f"none); available: {', '.join(available_devices())}")
+        return _tpu_platform(probe.count, f"asked for --device tpu: {probe.summary}")
     if kind == "cuda":
         n = _cuda_count()
         if not n:
@@ -117,10 +122,10 @@ def select_device(kind: str = "auto") -> Platform:
     # loaded elsewhere it can hang on a cloud metadata lookup.
     if torch_tpu_installed():
         if tpu_hardware_present():
-            n = _tpu_count(load=True)
-            if n:
-                return _tpu_platform(n, f"auto: torch-tpu sees {n} TPU chip(s)")
-            tpu_note = "torch-tpu installed but sees no TPU; "
+            probe = probe_tpu()
+            if probe.count:
+                return _tpu_platform(probe.count, f"auto: {probe.summary}")
+            tpu_note = f"torch-tpu installed but sees no TPU ({probe.error or 'none visible'}); "
         else:
             tpu_note = "torch-tpu installed but no TPU hardware here (not loaded); "
     else:
@@ -133,6 +138,7 @@ def select_device(kind: str = "auto") -> Platform:
 
 def _tpu_platform(count: int, reason: str) -> Platform:
     torch = _torch()
+    _load_torch_tpu(torch)
     return Platform("tpu", torch.device("tpu"), count, "TPU (TorchTPU)", True, "tpu", "mosaic-tpu", reason)
 
 

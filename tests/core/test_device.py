@@ -23,10 +23,21 @@ FAKE_TORCH_TPU = textwrap.dedent(
         DEFER_AND_FUSE = 1
         DEFER_NEVER_AND_LAUNCH_BLOCKING = 2
 
+    def _internal(*a):  # as torch-tpu 0.2.0: the legacy device queries raise
+        raise RuntimeError("is_available is internal to TorchTPU. Use torch.accelerator.is_available instead")
+
     torch.utils.rename_privateuse1_backend("tpu")
-    torch.tpu = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 4)
+    torch.tpu = types.SimpleNamespace(is_available=_internal, device_count=_internal)
+    torch.accelerator.is_available = lambda: True
+    torch.accelerator.current_accelerator = lambda *a, **k: torch.device("tpu")
+    torch.accelerator.device_count = lambda: 4
     """
 )
+
+# torch-tpu without a TPU where it expected one: the runtime aborts the process at its first use.
+FAKE_ABORTS = FAKE_TORCH_TPU + "torch.accelerator.device_count = lambda: __import__('os').abort()\n"
+FAKE_HANGS = FAKE_TORCH_TPU + "torch.accelerator.device_count = lambda: __import__('time').sleep(600)\n"
+FAKE_NO_TPU = FAKE_TORCH_TPU + "torch.accelerator.is_available = lambda: False\n"
 
 
 @pytest.fixture
@@ -35,16 +46,20 @@ def fake_torch_tpu(tmp_path):
 
     It renames torch's privateuse1 backend to "tpu", which cannot be undone in
     a process, so every test that loads it runs its checks in a subprocess.
+    run(code, fake=..., version=..., **env) -> the child's stdout (asserts exit 0).
     """
-    pkg = tmp_path / "torch_tpu"
-    (pkg / "_internal").mkdir(parents=True)
-    (pkg / "__init__.py").write_text(FAKE_TORCH_TPU)
-    (pkg / "_internal" / "__init__.py").write_text("")
-    (pkg / "_internal" / "execution_mode.py").write_text(
-        "from torch_tpu import EagerMode\neager_mode = EagerMode.DEFER_NEVER\n"
-    )
 
-    def run(code: str, **env):
+    def run(code: str, fake: str = FAKE_TORCH_TPU, version: str = "0.2.0", **env):
+        pkg = tmp_path / "torch_tpu"
+        (pkg / "_internal").mkdir(parents=True, exist_ok=True)
+        (pkg / "__init__.py").write_text(fake)
+        (pkg / "_internal" / "__init__.py").write_text("")
+        (pkg / "_internal" / "execution_mode.py").write_text(
+            "from torch_tpu import EagerMode\neager_mode = EagerMode.DEFER_NEVER\n"
+        )
+        dist = tmp_path / "torch_tpu-0.dist-info"
+        dist.mkdir(exist_ok=True)
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch-tpu\nVersion: {version}\n")
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
         full_env.update(PYTHONPATH=str(tmp_path), **env)
         out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
@@ -116,6 +131,73 @@ def test_installed_torch_tpu_is_not_loaded_without_tpu_hardware(fake_torch_tpu):
         """,
         TPU_PIPELINE_IGNORE_TPU_HARDWARE="1",
     )
+
+
+def test_probe_asks_torch_accelerator_in_a_child(fake_torch_tpu):
+    """The count comes from torch.accelerator (the fake's torch.tpu queries raise, as
+    torch-tpu 0.2.0's do) and from a child: this process has not loaded torch_tpu."""
+    fake_torch_tpu(
+        """
+        import sys
+        from tpu_pipeline._tpu_guard import probe_tpu
+        p = probe_tpu()
+        assert (p.count, p.version, p.error) == (4, "0.2.0", None), p
+        assert "torch_tpu" not in sys.modules
+        """
+    )
+
+
+@pytest.mark.parametrize("fake,version,timeout,error", [
+    (FAKE_TORCH_TPU, "0.1.3", "120", "torch-tpu 0.1.3 predates the torch.accelerator device API; tpu-pipeline "
+                                     "needs torch-tpu >= 0.2.0"),
+    (FAKE_ABORTS, "0.2.0", "120", "the TPU runtime aborted starting (SIGABRT)"),
+    (FAKE_HANGS, "0.2.0", "4", "torch-tpu did not answer within 4 s"),
+    (FAKE_NO_TPU, "0.2.0", "120", "no TPU is visible (torch-tpu 0.2.0 sees none)"),
+])
+def test_tpu_asked_for_but_unusable_is_one_line_and_auto_falls_back(fake_torch_tpu, fake, version, timeout, error):
+    out = fake_torch_tpu(
+        """
+        from tpu_pipeline import UserError, select_device
+        try:
+            select_device("tpu")
+            raise SystemExit("select_device('tpu') did not refuse")
+        except UserError as e:
+            print(e)
+        p = select_device("auto")
+        assert p.kind == "cpu" and "sees no TPU" in p.reason, p
+        """,
+        fake=fake, version=version, TPU_ACCELERATOR_TYPE="v5litepod-4", TPU_PIPELINE_TPU_PROBE_TIMEOUT=timeout,
+    )
+    line = out.strip()
+    assert "\n" not in line and line.startswith("device 'tpu' asked for but ") and line.endswith("available: cpu")
+    assert error in line, line
+
+
+def test_cli_refuses_tpu_in_one_line_with_exit_2(fake_torch_tpu):
+    out = fake_torch_tpu(
+        """
+        import subprocess, sys
+        r = subprocess.run([sys.executable, "-m", "tpu_pipeline", "doctor", "--device", "tpu"],
+                           capture_output=True, text=True, timeout=240)
+        print(r.returncode)
+        print(r.stderr.strip().splitlines()[-1])
+        assert "Traceback" not in r.stderr, r.stderr
+        """,
+        fake=FAKE_ABORTS, TPU_ACCELERATOR_TYPE="v5litepod-4",
+    )
+    code, line = out.strip().splitlines()
+    assert code == "2"
+    assert line.startswith("Error: device 'tpu' asked for but the TPU runtime aborted starting (SIGABRT)"), line
+
+
+@pytest.mark.parametrize("preset,want", [(None, "1"), ("0", "0")])
+def test_import_skips_libtpus_metadata_query_unless_the_user_chose(preset, want):
+    env = {k: v for k, v in os.environ.items() if k != "TPU_SKIP_MDS_QUERY"}
+    if preset is not None:
+        env["TPU_SKIP_MDS_QUERY"] = preset
+    out = subprocess.run([sys.executable, "-c", "import os, tpu_pipeline; print(os.environ['TPU_SKIP_MDS_QUERY'])"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == want, out.stderr[-2000:]
 
 
 def test_eager_modes_off_tpu():

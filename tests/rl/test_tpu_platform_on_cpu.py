@@ -15,11 +15,21 @@ def fake_torch_tpu(monkeypatch):
     import torch
 
     calls = []
+
+    def internal():  # torch-tpu 0.2.0: the legacy device queries raise unless a variable allows them
+        raise RuntimeError("is_available is internal to TorchTPU ... Use torch.accelerator.is_available instead")
+
     tpu = types.SimpleNamespace(
-        is_available=lambda: True, device_count=lambda: 4, current_device=lambda: 0,
-        set_device=lambda i: calls.append(("set_device", i)), synchronize=lambda *a: calls.append(("sync",)),
+        is_available=internal, device_count=internal,
         manual_seed=lambda s: calls.append(("seed", s)), manual_seed_all=lambda s: calls.append(("seed_all", s)),
         empty_cache=lambda: calls.append(("empty",)))
+    acc = torch.accelerator
+    monkeypatch.setattr(acc, "is_available", lambda: True)
+    monkeypatch.setattr(acc, "current_accelerator", lambda *a, **k: types.SimpleNamespace(type="tpu"))
+    monkeypatch.setattr(acc, "device_count", lambda: 4)
+    monkeypatch.setattr(acc, "current_device_index", lambda: 0)
+    monkeypatch.setattr(acc, "set_device_index", lambda i: calls.append(("set_device", i)))
+    monkeypatch.setattr(acc, "synchronize", lambda *a: calls.append(("sync",)))
     mod = types.ModuleType("torch_tpu")
     mod.__spec__ = importlib.machinery.ModuleSpec("torch_tpu", loader=None)
     monkeypatch.setitem(sys.modules, "torch_tpu", mod)
@@ -56,7 +66,9 @@ def test_platform_with_fake_torch_tpu(fake_torch_tpu, monkeypatch):
     assert p.ray_resource_name() == "TPU"
     assert p.ray_resource_options(2) == {"resources": {"TPU": 2}}
     assert p.visible_devices_envvar() == "TPU_VISIBLE_CHIPS"
-    assert p.communication_backend_name() == "gloo"  # the fake registers no "tpu" process-group backend
+    assert p.communication_backend_name() == "gloo"  # the fake registers no "tpu_dist" process-group backend
+    p.synchronize()
+    assert ("sync",) in fake_torch_tpu
     monkeypatch.setenv("TPU_PIPELINE_TPU_DIST_BACKEND", "xla")
     assert p.communication_backend_name() == "xla"
     p.set_device(1)
