@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import platform as pyplatform
 import time
 
 from tpu_pipeline._tpu_guard import tpu_hardware_present
+from tpu_pipeline.cpu_features import read_cpu, vllm_gemm_path
 from tpu_pipeline.device import select_device
 
 PACKAGES = ("torch", "jax", "jaxlib", "litert-torch", "ai-edge-litert", "ai-edge-quantizer",
@@ -37,8 +39,12 @@ def diagnose(device: str = "auto") -> dict:
     except Exception as e:  # a broken jaxlib should not hide the rest of the report
         problems.append(f"jax failed to start: {e}")
 
+    cpu = read_cpu()
     report = {
         "versions": versions,
+        # the rollout of `rl --engine verl` on CPU is float32 (rl/verl_bridge.cpu_overrides)
+        "cpu": {**cpu.describe(), "vllm_gemm_path": vllm_gemm_path(
+            cpu, dtype="float32", zentorch=importlib.util.find_spec("zentorch") is not None)},
         "device": plat.describe(),
         "tpu": {
             "hardware_present": tpu_hardware_present(),

@@ -20,6 +20,11 @@ def command(device: str, as_json: bool) -> None:
         click.echo(f"{name:>18}  {version or '-'}")
     d = report["device"]
     click.echo(f"{'device':>18}  {d['device']} x{d['count']}: {d['name']} ({d['reason']})")
+    c = report["cpu"]
+    isas = ", ".join(f"{name} {'yes' if c[key] else 'no' if c[key] is not None else '?'}"
+                     for key, name in (("amx", "AMX"), ("avx512", "AVX-512"), ("avx2", "AVX2")))
+    click.echo(f"{'CPU':>18}  {c['model'] or '?'} ({c['vendor'] or '?'}): {isas}")
+    click.echo(f"{'rl --engine verl':>18}  vLLM's CPU rollout GEMM: {c['vllm_gemm_path']}")
     click.echo(f"{'bf16':>18}  {d['bf16']}")
     click.echo(f"{'compile backend':>18}  {d['compile_backend']}")
     click.echo(f"{'TPU':>18}  hardware={report['tpu']['hardware_present']} torch-tpu={report['tpu']['torch_tpu_installed']}")
