@@ -6,6 +6,10 @@ VERL_VENV := .venv-verl
 VERL_BIN := $(VERL_VENV)/bin
 VERL_DEPS := $(VERL_VENV)/.deps-installed
 VERL_STAMP := $(VERL_VENV)/.installed
+TPU_VENV := .venv-tpu
+TPU_BIN := $(TPU_VENV)/bin
+TPU_DEPS := $(TPU_VENV)/.deps-installed
+TPU_STAMP := $(TPU_VENV)/.installed
 WEB := convert/web
 WEB_STAMP := $(WEB)/node_modules/.installed
 
@@ -42,6 +46,25 @@ $(VERL_STAMP): $(VERL_DEPS) rl/vllm_dist/pyproject.toml | $(STAMP)
 	$(VERL_BIN)/python -m pip install -q --no-deps --no-build-isolation $(VERL_VENV)/vllm_dist
 	touch $(VERL_STAMP)
 
+# torch-tpu 0.2.0, the real package, checked without a TPU: tests/core/test_tpu_contract_on_cpu.py runs its
+# checks with this interpreter. Its own venv, as torch-tpu hooks every `import torch`. It installs only what
+# .venv lacks: a .pth line puts .venv's site-packages after its own (torch, JAX, VeRL and the project's
+# dependencies are read from there, never written), so pip adds torch-tpu (pyproject's tpu extra), libtpu
+# (~484 MB unpacked) and a few small packages. torch==2.13.0 is named in the same pip command: torch-tpu
+# alone would pull a CUDA torch. The project's editable install waits for .venv-verl's (both write
+# tpu_pipeline.egg-info).
+$(TPU_DEPS): pyproject.toml constraints.txt | $(STAMP)
+	test -x $(TPU_BIN)/python || $(PY) -m venv $(TPU_VENV)
+	$(BIN)/python -c "import sysconfig; print(sysconfig.get_path('purelib'))" > \
+	  "$$($(TPU_BIN)/python -c "import sysconfig; print(sysconfig.get_path('purelib'))")/_venv_base.pth"
+	$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['tpu']))" > $(TPU_VENV)/tpu.txt
+	$(TPU_BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0 -r $(TPU_VENV)/tpu.txt
+	touch $(TPU_DEPS)
+
+$(TPU_STAMP): $(TPU_DEPS) | $(VERL_STAMP)
+	$(TPU_BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(TPU_STAMP)
+
 # LiteRT.js for the web target's in-browser parity (npm registry, lockfile pinned).
 $(WEB_STAMP): $(WEB)/package.json $(WEB)/package-lock.json
 	cd $(WEB) && npm ci --no-audit --no-fund
@@ -60,7 +83,7 @@ browser: $(WEB_STAMP)
 # Each pip install keeps about one core busy (unzipping, compiling bytecode), so the two venvs' installs
 # run side by side: two jobs, each command's output printed whole when it ends (--output-sync=line).
 install:
-	@$(MAKE) --no-print-directory -j2 --output-sync=line $(STAMP) $(VERL_STAMP) browser
+	@$(MAKE) --no-print-directory -j2 --output-sync=line $(STAMP) $(VERL_STAMP) $(TPU_STAMP) browser
 
 demo: install
 	$(BIN)/tpu-pipeline doctor
@@ -97,4 +120,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) dist build *.egg-info $(WEB)/node_modules
+	rm -rf $(VENV) $(VERL_VENV) $(TPU_VENV) dist build *.egg-info $(WEB)/node_modules

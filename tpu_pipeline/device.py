@@ -68,7 +68,13 @@ def torch_tpu_installed() -> bool:
 
 def _load_torch_tpu(torch) -> None:
     """Makes device "tpu" usable in this process: torch-tpu's own loader (its
-    `torch.backends` entry point, what torch's auto-load calls), unless it already ran."""
+    `torch.backends` entry point, what torch's auto-load calls), unless it already ran.
+
+    JAX stays on the CPU in this process: it only traces and exports the Pallas kernels
+    (torch-tpu's jax_op runs them on the chips torch-tpu holds), and a JAX TPU backend
+    would try to open those chips too (torch-tpu warns that two frameworks on one PJRT
+    plugin deadlocked). A user's own JAX_PLATFORMS is left alone."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     importlib.import_module("torch_tpu")
     if torch._C._get_privateuse1_backend_name() == "tpu":
         return
