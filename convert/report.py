@@ -1,6 +1,9 @@
-"""report.json is written by the pipeline; this renders report.html for people:
-a table per target (with the candidates measured and the layers kept in float32)
-and a plot of the parity error per target and output."""
+"""report.json is written by the pipeline; this renders report.html for people.
+
+It leads with the answer: one card per target (ships or refused, precision, bytes, latency
+against PyTorch, the task score with its interval, one line of why and one of what to do).
+The details fold below: a table per target (with the candidates measured and the layers kept
+in float32) and a plot of the parity error per target and output."""
 
 from __future__ import annotations
 
@@ -218,6 +221,88 @@ def _task_parity(p: dict) -> str:
     return "<br>".join(x for x in lines if x)
 
 
+def _why(t: dict) -> str:
+    """One line: why this target ships or is refused."""
+    p = t.get("parity") or {}
+    if t.get("passed"):
+        if t.get("chosen_because"):
+            return str(t["chosen_because"])
+        cos = [m.get("cosine") for m in (p.get("outputs") or {}).values() if m.get("cosine") is not None]
+        return f"matches PyTorch on its runtime (worst cosine {min(cos):.6f})" if cos else "passed every check"
+    capped = [c for c in (p.get("int8_ranges") or {}).get("outputs_capped", [])]
+    if capped:
+        c = capped[0]
+        return (f"int8 output {c['tensor']} stops at {c['int8_reached'][1]:.4g} while the model reaches "
+                f"{c['float_range'][1]:.4g}")
+    clipped = [c for c in (p.get("int8_ranges") or {}).get("clipped", []) if c.get("role") == "output"]
+    if clipped:
+        c = clipped[0]
+        return (f"int8 output {c['module'] or c['tensor']} clips: it holds [{c['representable'][0]:.4g}, "
+                f"{c['representable'][1]:.4g}], the model reaches [{c['float_range'][0]:.4g}, {c['float_range'][1]:.4g}]")
+    errors = t.get("errors") or []
+    return str(errors[0]) if errors else "failed (no reason recorded)"
+
+
+def _todo(name: str, t: dict) -> str:
+    """One line: what the user does next."""
+    p = t.get("parity") or {}
+    if t.get("passed"):
+        where = t.get("artifact") or f"{name}/model.tflite"
+        return f"ship {where}" + ("; read the warnings below" if t.get("warnings") else "")
+    ranges = p.get("int8_ranges") or {}
+    if ranges.get("outputs_capped") or any(c.get("role") == "output" for c in ranges.get("clipped", [])):
+        other = ("ship float on this target (list a float precision in its profile)" if name != "iot"
+                 else "ship a float model on another target (iot is full-integer)")
+        return f"give --calib rows that cover what the device will see, or {other}"
+    if (p.get("task_score") or {}).get("passed") is False:
+        return "the task score drops beyond the profile's max_task_drop: try more --calib rows or the next precision"
+    diagnosis = str(p.get("diagnosis", ""))
+    if diagnosis.startswith("precision loss"):
+        return ("the float32 export is right and this precision is not: allow a float precision in the target's "
+                "profile, or give --calib rows like the real inputs")
+    loc = p.get("first_divergence")
+    if loc:
+        return f"the export itself departs from PyTorch at {loc['module']}: rewrite that layer or report it (a conversion error)"
+    if any(w in str(x) for x in t.get("errors", []) for w in ("compatib", "budget", "delegate", "not supported")):
+        return "the target's checks refused it: if its limit is wrong for your device, edit the profile (--profile-dir)"
+    return "see the details below"
+
+
+def _cards(report: dict) -> str:
+    """The answer first: a card per target."""
+    e, cards = html.escape, []
+    for name, t in report["targets"].items():
+        p = t.get("parity") or {}
+        ok = bool(t.get("passed"))
+        lat = t.get("latency_ms") or {}
+        if lat.get("artifact") is not None and lat.get("torch_eager"):
+            speed = lat["torch_eager"] / lat["artifact"] if lat["artifact"] else float("inf")
+            per = " per token" if "unit" in lat else ""
+            ratio = f"{speed:.1f}x faster" if speed >= 1 else f"{1 / speed:.1f}x slower"
+            lat_s = f"{lat['artifact']:.3g} ms{per} vs PyTorch {lat['torch_eager']:.3g} ms ({ratio})"
+        else:
+            lat_s = "latency not measured"
+        task = p.get("task_score") or {}
+        lm = p.get("lm_task") or {}
+        if "score" in task:
+            task_s = (f"task {e(task['metric'])} {task['score']:.4g}{_ci(task.get('interval'))}, "
+                      f"PyTorch {task['torch_score']:.4g}")
+        elif "accuracy" in lm:
+            task_s = (f"task {e(lm['task'])} {lm['accuracy']:.3f}{_ci(lm.get('interval'))}, "
+                      f"PyTorch {lm['torch_accuracy']:.3f}")
+        else:
+            task_s = "no task score (no labels given)"
+        size = t.get("size_bytes")
+        cards.append(
+            f"<div class='card {'ship' if ok else 'refuse'}' data-target='{e(name)}'>"
+            f"<h3>{e(name)}: {'ships' if ok else 'refused'}</h3>"
+            f"<p class='facts'>{e(t.get('quantization') or '-')} &middot; "
+            f"{f'{size:,} bytes' if isinstance(size, int) else 'no artifact'} &middot; {e(lat_s)}<br>{task_s}</p>"
+            f"<p class='why'><b>why:</b> {e(_why(t))}</p>"
+            f"<p class='todo'><b>what to do:</b> {e(_todo(name, t))}</p></div>")
+    return f"<div class='cards'>{''.join(cards)}</div>"
+
+
 def render_html(report: dict) -> str:
     e = html.escape
     rows = []
@@ -270,9 +355,14 @@ def render_html(report: dict) -> str:
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>convert: {e(report['model'])}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;font-size:13px}}
-tr.pass td:nth-child(2){{color:#1b7f4c;font-weight:bold}}tr.chosen td{{font-weight:bold}}tr.fail td:nth-child(2){{color:#c0392b;font-weight:bold}}</style></head>
-<body><h1>{e(report['model'])}</h1><p>{e(report.get('source_format', ''))}; {report.get('samples', 0)} parity samples
+tr.pass td:nth-child(2){{color:#1b7f4c;font-weight:bold}}tr.chosen td{{font-weight:bold}}tr.fail td:nth-child(2){{color:#c0392b;font-weight:bold}}
+.cards{{display:flex;flex-wrap:wrap;gap:12px;margin:1em 0}}.card{{border:2px solid;border-radius:8px;padding:8px 14px;width:330px;font-size:14px}}
+.card h3{{margin:4px 0}}.card p{{margin:6px 0}}.ship{{border-color:#2a9d8f}}.ship h3{{color:#1b7f4c}}.refuse{{border-color:#e76f51}}.refuse h3{{color:#c0392b}}
+details{{margin:1em 0}}summary{{cursor:pointer;font-weight:bold}}</style></head>
+<body><h1>{e(report['model'])}</h1>{_cards(report)}
+<details><summary>Details: every target's parity, candidates, checks and problems</summary>
+<p>{e(report.get('source_format', ''))}; {report.get('samples', 0)} parity samples
 ({e(report.get('sample_source', ''))}); wall time {report.get('wall_s', 0):.1f} s</p><ul>{notes}</ul>
 <table><tr><th>target</th><th>status</th><th>quantization</th><th>bytes</th><th>runtime</th><th>parity per output</th>
-<th>median latency</th><th>problems</th></tr>{''.join(rows)}</table>{plot}</body></html>
+<th>median latency</th><th>problems</th></tr>{''.join(rows)}</table>{plot}</details></body></html>
 """
