@@ -239,7 +239,7 @@ def elementwise_as_table(model: bytes) -> tuple[bytes, dict[str, int]]:
 
 
 def leaky_relu_in_int8(model: bytes) -> tuple[bytes, int]:
-    """DEQUANTIZE -> LEAKY_RELU (float32) -> QUANTIZE as one int8 LEAKY_RELU (TFLM requantizes from the
+    """DEQUANTIZE -> LEAKY_RELU (float32) -> QUANTIZE(s) as one int8 LEAKY_RELU (TFLM requantizes from the
     input's scale to the output's); -> (the model, how many); the bytes unchanged when none."""
     obj = flatbuffer_utils.read_model_from_bytearray(bytearray(model))
     n = 0
@@ -248,14 +248,62 @@ def leaky_relu_in_int8(model: bytes) -> tuple[bytes, int]:
         for op in list(sg.operators):
             if g.code(op) != _B.LEAKY_RELU or sg.tensors[op.inputs[0]].type != _FLOAT32:
                 continue
-            dq, q = _dequantize_of(g, op.inputs[0]), _only_quantize(g, op.outputs[0])
-            if dq is None or q is None:
+            dq, users = _dequantize_of(g, op.inputs[0]), g.consumers(op.outputs[0])
+            if dq is None or not users or g.is_output(op.outputs[0]) or any(
+                    g.code(u) != _B.QUANTIZE or _qparams(sg.tensors[u.outputs[0]]) is None for u in users):
                 continue
+            # a U-Net's skip: the float output quantized twice (the next conv's scale, the concatenation's);
+            # the op writes the first int8 tensor and the others requantize it (int8 -> int8 QUANTIZE)
+            q, rest = users[0], users[1:]
             op.inputs, op.outputs = [dq.inputs[0]], [q.outputs[0]]
             sg.operators.remove(q)
+            for u in rest:
+                u.inputs = [q.outputs[0]]
             _drop_if_unread(g, dq)
             n += 1
         _drop_unused_tensors(obj, sg)
+    return (bytes(flatbuffer_utils.convert_object_to_bytearray(obj)), n) if n else (model, 0)
+
+
+MAX_CONCAT_INPUTS = 10  # TFLM's CONCATENATION kernel (kMaxInputNum): more fail to prepare at any arena
+CONCAT_GROUP = 8
+
+
+def concatenations_in_groups(model: bytes) -> tuple[bytes, int]:
+    """Each CONCATENATION of more than MAX_CONCAT_INPUTS inputs (litert-torch's unrolled LSTM stacks its
+    T steps in one) as concatenations of at most CONCAT_GROUP inputs, then of the groups; the groups
+    take the output's quantization (int8 concatenation copies codes: inputs and output share it).
+    -> (the model, how many); the bytes unchanged when none."""
+    obj = flatbuffer_utils.read_model_from_bytearray(bytearray(model))
+    n = 0
+    for sg in obj.subgraphs:
+        g = _Graph(obj, sg)
+        for op in list(sg.operators):
+            if g.code(op) != _B.CONCATENATION or len(op.inputs) <= MAX_CONCAT_INPUTS:
+                continue
+            out = sg.tensors[op.outputs[0]]
+            axis = op.builtinOptions.axis if op.builtinOptions else 0
+            axis = axis + len(out.shape) if axis < 0 else axis
+            inputs, new = list(op.inputs), []
+            while len(inputs) > MAX_CONCAT_INPUTS:
+                grouped = []
+                for i in range(0, len(inputs), CONCAT_GROUP):
+                    part = inputs[i:i + CONCAT_GROUP]
+                    if len(part) == 1:
+                        grouped.append(part[0])
+                        continue
+                    shape = list(sg.tensors[part[0]].shape)
+                    shape[axis] = sum(int(sg.tensors[t].shape[axis]) for t in part)
+                    t = g.tensor(f"{out.name.decode()}/group{len(new)}", shape, out.type, None, out.quantization)
+                    opts = schema.ConcatenationOptionsT()
+                    opts.axis = axis
+                    new.append(g.op(_B.CONCATENATION, part, [t], schema.BuiltinOptions.ConcatenationOptions, opts))
+                    grouped.append(t)
+                inputs = grouped
+            at = sg.operators.index(op)
+            sg.operators[at:at] = new
+            op.inputs = inputs
+            n += 1
     return (bytes(flatbuffer_utils.convert_object_to_bytearray(obj)), n) if n else (model, 0)
 
 
@@ -424,14 +472,15 @@ def for_tflm(model: bytes) -> bytes:
     root = schema.Model.GetRootAs(model, 0)
     codes = {max(root.OperatorCodes(i).BuiltinCode(), root.OperatorCodes(i).DeprecatedBuiltinCode())
              for i in range(root.OperatorCodesLength())}
-    if not codes & (set(NAMES) | {_B.DEQUANTIZE} | _NOT_IN_TFLM):  # most models: nothing to do, no object-API parse
+    if not codes & (set(NAMES) | {_B.DEQUANTIZE, _B.CONCATENATION} | _NOT_IN_TFLM):  # most models: nothing to do
         return model
     model, n_max = reduce_max_in_int8(model)
     model, tabled = elementwise_as_table(model)
     model, n_leaky = leaky_relu_in_int8(model)
     model, chains = activations_as_table(model)
+    model, n_concat = concatenations_in_groups(model)
     done = {**({"REDUCE_MAX": n_max} if n_max else {}), **tabled, **({"LEAKY_RELU": n_leaky} if n_leaky else {}),
-            **chains}
+            **chains, **({"CONCATENATION": n_concat} if n_concat else {})}
     if not done:
         return model
     obj = flatbuffer_utils.read_model_from_bytearray(bytearray(model))
@@ -450,6 +499,8 @@ _NOTE = {
     "SQRT": "SQRT as an int8 table (CAST, ADD, GATHER): TFLM's SQRT is float32 only",
     "ABS": "ABS as an int8 table (CAST, ADD, GATHER): the quantizer left it float32",
     "LEAKY_RELU": "LEAKY_RELU runs int8 in TFLM (the quantizer left it float32)",
+    "CONCATENATION": (f"CONCATENATION of more than {MAX_CONCAT_INPUTS} inputs in groups of {CONCAT_GROUP}: TFLM's "
+                      f"kernel takes at most {MAX_CONCAT_INPUTS}"),
 }
 
 

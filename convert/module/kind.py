@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,7 @@ from tpu_pipeline.convert.runtimes import LitertRunner, from_artifact, run_micro
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo, inspect_model
 from tpu_pipeline.convert.tool_output import first_line
-from tpu_pipeline.errors import UserError
+from tpu_pipeline.errors import ConversionError, UserError
 from tpu_pipeline.user_code import load_function
 
 CALIB_RANDOM_SAMPLES = 16
@@ -266,7 +267,7 @@ class ModuleKind(ModelKind):
         is_float = self.float_art is not None and model is self.float_art.model
         accelerators = Pending(prof, model, info, samples)  # GPU / WebGPU runs, beside the CPU work below
         if prof.runtime == "tflite-micro":
-            got = run_micro(model, info, samples, prof.max_arena_bytes or 64 * 1024 * 1024)
+            got = _run_micro(model, info, samples, prof)
         else:
             got = self._run_xnnpack(model, info)
             if is_float:
@@ -336,7 +337,7 @@ class ModuleKind(ModelKind):
         if hit is None or hit[0] is not model:
             rows = self.eval_set.rows
             if prof.runtime == "tflite-micro":
-                out = run_micro(model, info, rows, prof.max_arena_bytes or 64 * 1024 * 1024)
+                out = _run_micro(model, info, rows, prof)
             else:
                 runner = LitertRunner(model, info)
                 out = [runner.run(s) for s in rows]
@@ -508,6 +509,50 @@ class ModuleKind(ModelKind):
                 "unit": t.metric.unit,
                 "rows": len(t.labels), "labels_from": self.eval_set.source, "torch_score": t.torch_score,
                 "torch_interval": t.torch_interval}
+
+
+# After failing in the profile's arena TFLM is retried in doubling arenas up to this: a node that
+# fails to prepare in the budget may only lack memory (the true reason is then the size), or fail
+# at any size (the op)
+LARGEST_ARENA = 64 * 1024 * 1024
+_NODE = re.compile(r"Node (\w+) \(number (\d+)\)")
+
+
+def _run_micro(model: bytes, info: ModelInfo, rows: list, prof: TargetProfile) -> list:
+    """The rows through TFLM in the profile's arena. A failure there is retried on one row in arenas
+    doubling up to LARGEST_ARENA, so the refusal gives the true reason (issue 30: "FULLY_CONNECTED
+    failed to prepare" at 256 KiB, then a CONCATENATION at 1 and 4 MiB): the arena the model runs in
+    when a larger one does, else the op that fails at every size, with its inputs' count and dtypes."""
+    budget = prof.max_arena_bytes or LARGEST_ARENA
+    try:
+        return run_micro(model, info, rows, budget)
+    except ConversionError as first:
+        failure, arena, failed_in = first, budget * 2, budget
+        while arena <= LARGEST_ARENA:
+            try:
+                run_micro(model, info, rows[:1], arena)
+            except ConversionError as e:
+                failure, failed_in, arena = e, arena, arena * 2
+                continue
+            raise ConversionError(f"TFLM needs a larger tensor arena than the {prof.name} budget of {budget} bytes: "
+                                  f"it runs in {arena} and fails in {failed_in} bytes; the graph has {len(info.ops)} "
+                                  f"ops (in the budget: {first})") from None
+        raise ConversionError(_describe_node(str(failure), info)) from None
+
+
+def _describe_node(msg: str, info: ModelInfo) -> str:
+    """TFLM's failure with the failing node's inputs (count, dtypes, shapes) added."""
+    m = _NODE.search(msg)
+    if not m or int(m.group(2)) >= len(info.ops):
+        return msg
+    op = info.ops[int(m.group(2))]
+    if op["op"] != m.group(1):
+        return msg
+    ins = [info.tensors[i] for i in op["inputs"] if i >= 0 and i in info.tensors]
+    dtypes = "/".join(sorted({t["dtype"] for t in ins}))
+    shapes = ", ".join(str(list(t["shape"])) for t in ins[:4]) + (", ..." if len(ins) > 4 else "")
+    return (f"{msg} (at every arena up to {LARGEST_ARENA} bytes; node {m.group(2)}: {op['op']} with {len(ins)} "
+            f"{dtypes} inputs {shapes})")
 
 
 def _as_float32(rows: list) -> list[list[np.ndarray]]:

@@ -229,3 +229,49 @@ def test_convert_passes_desktop_android_web_and_iot(tmp_path):
     assert r["web"].precision.endswith("+unrolled") and r["web"].parity["browser"]["passed"]
     assert any("fused UNIDIRECTIONAL_SEQUENCE_LSTM" in n for n in r.report["notes"])
     assert any(n.startswith("web: its artifact keeps the LSTM unrolled") for n in r.report["notes"])
+
+
+def test_stacked_steps_never_concatenate_more_than_tflm_takes():
+    """issue 30: TFLM's CONCATENATION takes at most 10 inputs; a GRU's T steps are stacked in groups."""
+    from tpu_pipeline.convert.module import gru as gru_module
+
+    calls = []
+    real_cat, real_stack = torch.cat, torch.stack
+    steps = [torch.randn(2, 5) for _ in range(70)]
+    try:
+        torch.cat = lambda xs, *a, **k: calls.append(len(xs)) or real_cat(xs, *a, **k)
+        torch.stack = lambda xs, *a, **k: calls.append(len(xs)) or real_stack(xs, *a, **k)
+        got = gru_module.stack_steps(steps)
+    finally:
+        torch.cat, torch.stack = real_cat, real_stack
+    torch.testing.assert_close(got, real_stack(steps, 1), rtol=0, atol=0)
+    assert max(calls) <= gru_module.STACK_GROUP < 10 and len(calls) > 1
+
+
+@pytest.mark.slow
+def test_unrolled_lstm_fallback_runs_full_integer_on_tflm(tmp_path):
+    """issue 30: an LSTM given an initial state stays litert-torch's unrolled lowering, which stacks its
+    T steps in one CONCATENATION; TFLM's takes at most 10 inputs, so iot failed at every arena. The
+    static int8 rewrite concatenates in groups (tflm_int8.concatenations_in_groups) and iot passes."""
+
+    class WithH0(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(F, H, batch_first=True)
+            self.h0 = nn.Parameter(0.1 * torch.randn(1, 1, H))
+            self.fc = nn.Linear(H, 4)
+
+        def forward(self, x):
+            h0 = self.h0.expand(1, x.shape[0], H).contiguous()
+            y, _ = self.lstm(x, (h0, torch.zeros_like(h0)))
+            return self.fc(y[:, -1])
+
+    torch.manual_seed(0)
+    x, _ = sequence_task(64, 16, F)
+    rows = [(x[i:i + 1],) for i in range(32, 64)]
+    r = tc.convert(WithH0().eval(), (x[:1],), targets="iot", out=tmp_path / "o", latency=False, refine_rounds=0,
+                   calibration=rows, samples=16)
+    t = r["iot"]
+    assert any("exported unrolled" in n for n in r.report["notes"])
+    assert any("CONCATENATION of more than 10 inputs" in n for n in r.report["notes"] + t.warnings)
+    assert t.passed, t.errors
