@@ -114,6 +114,12 @@ test: install
 	@$(MAKE) --no-print-directory docs
 	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
+# The quick loop while editing (docs/contributing.md): the unit tests that start no child process, browser,
+# export or VeRL launch. tests/support/fast_loop.py leaves the rest out (each with its reason) and fails a
+# kept test that starts a child; `make test` stays the full gate.
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not slow and not gpu and not tpu" -p tpu_pipeline.testing.fast_loop
+
 # The documentation site (mkdocs.yml) into site/. --strict: a broken link or anchor, a page left out of
 # the nav, a failed include of README's table or a profile, or an API name that no longer exists fails.
 docs: $(STAMP)
