@@ -196,6 +196,14 @@ def _ci(ci) -> str:
     return f" (95% CI {ci[0]:.4g} to {ci[1]:.4g})" if ci else ""
 
 
+def _kinds(report: dict) -> str:
+    """Each output's kind and what it was inferred from (report.json's output_kinds)."""
+    kinds = report.get("output_kinds") or {}
+    items = "".join(f"<li>{html.escape(n)}: <b>{html.escape(k.get('kind', 'unknown'))}</b> "
+                    f"({html.escape(k.get('source', ''))})</li>" for n, k in kinds.items())
+    return f"<p>Output kinds:</p><ul>{items}</ul>" if items else ""
+
+
 def _task(t: dict | None, where: str = "") -> str:
     """The task score over the labelled eval set (task_score.py): the artifact's with its interval,
     PyTorch's, the drop with its paired interval, the profile's bound and the verdict."""
@@ -362,7 +370,7 @@ details{{margin:1em 0}}summary{{cursor:pointer;font-weight:bold}}</style></head>
 <body><h1>{e(report['model'])}</h1>{_cards(report)}
 <details><summary>Details: every target's parity, candidates, checks and problems</summary>
 <p>{e(report.get('source_format', ''))}; {report.get('samples', 0)} parity samples
-({e(report.get('sample_source', ''))}); wall time {report.get('wall_s', 0):.1f} s</p><ul>{notes}</ul>
+({e(report.get('sample_source', ''))}); wall time {report.get('wall_s', 0):.1f} s</p>{_kinds(report)}<ul>{notes}</ul>
 <table><tr><th>target</th><th>status</th><th>quantization</th><th>bytes</th><th>runtime</th><th>parity per output</th>
 <th>median latency</th><th>problems</th></tr>{''.join(rows)}</table>{plot}</details></body></html>
 """

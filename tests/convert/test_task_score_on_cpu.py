@@ -451,3 +451,6 @@ def test_cli_max_task_drop_recorded_and_bad_values_exit_2(files, tmp_path):
     t = json.loads((tmp_path / "o" / "report.json").read_text())["targets"]["desktop"]["parity"]["task_score"]
     assert t["max_drop"] == 0.25 and t["max_drop_from"] == "--max-task-drop desktop=0.25"
     assert t["unit"] == "share of rows" and "(--max-task-drop desktop=0.25)" in r.output
+    # the kind and what it was inferred from, on the console and in report.html
+    assert "logits: kind logits (inferred from the eval labels: integer class indices in [0, 10)" in r.output
+    assert "<b>logits</b> (inferred from the eval labels" in (tmp_path / "o" / "report.html").read_text()

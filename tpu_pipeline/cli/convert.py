@@ -108,6 +108,8 @@ def _print_table(report: dict) -> None:
                    f"{p.get('cosine', float('nan')):>10.6f} {p.get('cosine_mean', float('nan')):>10.6f} "
                    f"{p.get('max_abs', float('nan')):>9.3g} {top1:>5} "
                    f"{lat.get('artifact') or float('nan'):>7.3f} {lat.get('torch_eager') or float('nan'):>8.3f}")
+    for out, k in (report.get("output_kinds") or {}).items():
+        click.echo(f"{out}: kind {k['kind']} ({k['source']})")
     for name, t in report["targets"].items():
         task = (t.get("parity") or {}).get("task_score")
         if task:
