@@ -1,12 +1,13 @@
 """`--engine verl`: the same recipe as a run of VeRL's Ray trainer.
 
+    tpu-pipeline rl --recipe grpo_math --engine verl            # the recipe's time budget
     tpu-pipeline rl --recipe grpo_math --engine verl --steps 3
     tpu-pipeline rl --recipe grpo_math --engine verl --dry-run
     tpu-pipeline rl --recipe grpo_math --engine verl --ray-address http://head:8265
 
 What it does: writes the recipe's data as VeRL parquet (DIR/verl/train.parquet,
-val.parquet), resolves the policy path (the cached warm start, or
-policy.path), points VeRL's custom reward at the recipe's reward function
+val.parquet), resolves the policy path (the cached warm start, trained first
+when the cache lacks it, or policy.path), points VeRL's custom reward at the recipe's reward function
 (`pkg://module`, so the same function scores both engines), maps every recipe
 field to its hydra override, composes the result against VeRL's own
 ppo_trainer.yaml (so an override VeRL does not know fails here, not on the
@@ -58,7 +59,7 @@ from tpu_pipeline.rl.recipe import RESUME_HINT, RLConfig, fingerprint, to_dict
 from tpu_pipeline.rl.rewards import reward_location
 from tpu_pipeline.rl.verl_cpu_platform import ENV as CPU_ENV
 from tpu_pipeline.rl.verl_launch import FaultWatch, TrainerError, diagnose, supervise
-from tpu_pipeline.rl.verl_outputs import MetricsFollower, finish, has_chat_template
+from tpu_pipeline.rl.verl_outputs import BudgetWatch, MetricsFollower, finish, has_chat_template
 from tpu_pipeline.schedule import lr_factor
 from tpu_pipeline.train.tasks.rows import read_parquet, write_parquet
 
@@ -77,8 +78,6 @@ def refuse_unexpressible(cfg: RLConfig) -> None:
     anything is written, rather than silently dropped."""
     t, alg = cfg.trainer, cfg.algorithm
     for bad, msg in (
-        (t.time_budget_s > 0, f"trainer.time_budget_s={t.time_budget_s:g}: VeRL's trainer stops at a step count; "
-                              "pass --steps N"),
         (alg.filter_groups.enable, "algorithm.filter_groups (DAPO's dynamic sampling) is VeRL's DAPO recipe, "
                                    "not main_ppo; run it with --engine local"),
         (alg.overlong_buffer.enable, "algorithm.overlong_buffer (DAPO's overlong penalty) is VeRL's DAPO recipe, "
@@ -105,6 +104,15 @@ def departures(cfg: RLConfig) -> list[str]:
         out.append("optim.warmup_steps: Megatron's OptimizerParamScheduler warms up from its own init_lr_ratio; "
                    "the local engine's schedule is mapped for the FSDP strategies only")
     return out
+
+
+def save_freq(cfg: RLConfig, otherwise: int) -> int:
+    """VeRL's trainer.save_freq: with a time budget every step is saved, since the run is stopped
+    after the step that spends the budget (BudgetWatch) and the policy is that step's checkpoint;
+    else the recipe's save_every (`otherwise` when it is 0)."""
+    if cfg.trainer.time_budget_s > 0:
+        return 1
+    return cfg.trainer.save_every or otherwise
 
 
 def _b(v: bool) -> str:
@@ -177,7 +185,7 @@ def hydra_overrides(cfg: RLConfig, *, train_file: Path, val_file: Path, policy_p
         f"trainer.nnodes={v.nnodes}",
         f"trainer.device={device}",
         f"trainer.total_training_steps={t.steps}",
-        f"trainer.save_freq={t.save_every or -1}",
+        f"trainer.save_freq={save_freq(cfg, -1)}",
         f"trainer.test_freq={t.eval_every or -1}",
         f"trainer.default_local_dir={out / 'verl' / 'checkpoints'}",
         "trainer.logger=[console,tensorboard]",
@@ -226,8 +234,10 @@ def command(overrides: list[str], ray_address: str | None, python: str | None = 
     return [python or sys.executable, *VERL_ENTRY, *overrides]
 
 
-def prepare(cfg: RLConfig, out: Path, *, log: Callable[[str], None], device: str) -> tuple[list[str], Path]:
-    """Writes DIR/verl/{train,val}.parquet and returns (overrides, policy path)."""
+def prepare(cfg: RLConfig, out: Path, *, log: Callable[[str], None], device: str,
+            dry_run: bool = False) -> tuple[list[str], Path]:
+    """Writes DIR/verl/{train,val}.parquet and returns (overrides, policy path). A warm start that
+    is not cached yet is trained here, as the local engine would (not on a dry run)."""
     source = build_source(cfg.data, cfg.trainer.seed)
     vdir = out / "verl"
     n_train = max(cfg.trainer.prompts_per_step * min(cfg.trainer.steps, 1000), cfg.trainer.prompts_per_step)
@@ -242,10 +252,12 @@ def prepare(cfg: RLConfig, out: Path, *, log: Callable[[str], None], device: str
         policy_path = str(Path(cfg.policy.path).resolve())
     else:
         ws_ov = warm_start_overrides(cfg)
-        cached = home() / "warm_start" / warm_start_key(cfg.policy.warm_start, ws_ov) / "hf"
-        if not (cached / "config.json").is_file() and accelerator_here() is not None:
-            warm_start(cfg.policy.warm_start, ws_ov, log=log)
-        policy_path = str(cached)
+        if dry_run:  # named, not trained
+            policy_path = str(home() / "warm_start" / warm_start_key(cfg.policy.warm_start, ws_ov) / "hf")
+        else:
+            folder, _ = warm_start(cfg.policy.warm_start, ws_ov, device=cfg.trainer.device,
+                                   kernels=cfg.trainer.kernels, log=log)
+            policy_path = str(folder / "hf")
     ov = hydra_overrides(cfg, train_file=train_file.resolve(), val_file=val_file.resolve(), policy_path=policy_path,
                          out=out.resolve(), device=device)
     return ov, Path(policy_path)
@@ -344,7 +356,7 @@ def cpu_overrides(cfg: RLConfig, ov: list[str], *, out: Path, ray_tmp: str | Non
         ("trainer.val_before_train", "False"),                     # held-out accuracy is this package's evaluator
         ("trainer.test_freq", -1),
         ("trainer.logger", "[console,file]"),
-        ("trainer.save_freq", cfg.trainer.save_every or max(cfg.trainer.steps, 1)),
+        ("trainer.save_freq", save_freq(cfg, max(cfg.trainer.steps, 1))),
         ("actor_rollout_ref.actor.checkpoint.save_contents", "[model,optimizer,extra,hf_model]"),
     ):
         _set(ov, key, value)
@@ -468,7 +480,7 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
     # the local cluster's own folder (its Ray session, TMPDIR for its processes): removed on every way out
     ray_tmp = None if (ray_address or dry_run or device != "cpu") else tempfile.mkdtemp(prefix="tpray-")
     try:
-        ov, policy_path = prepare(cfg, out, log=log, device=device)
+        ov, policy_path = prepare(cfg, out, log=log, device=device, dry_run=dry_run)
         if device == "cpu":
             ov = cpu_overrides(cfg, ov, out=out.resolve(), ray_tmp=ray_tmp)
         if resume_from is not None:
@@ -488,8 +500,8 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
             log(yaml)
             return result
         if not Path(policy_path, "config.json").is_file():
-            raise UserError(f"--engine verl: policy {policy_path} does not exist yet; run the local engine once to "
-                            "train the warm start, or set policy.path")
+            raise UserError(f"--engine verl: policy {policy_path} is not a Hugging Face folder (no config.json); "
+                            "set policy.path to one")
         env = dict(os.environ)
         if device == "tpu":
             env["VERL_PLATFORM"] = "tpu"
@@ -510,6 +522,9 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
         first_lr = o.lr * lr_factor(done, total=cfg.trainer.steps, warmup=o.warmup_steps, min_ratio=1.0)
         follower = MetricsFollower(out, total_steps=cfg.trainer.steps, log=log, first_lr=first_lr, start_step=done)
         log_path = out / "verl" / "trainer.log"
+        ckpts = out / "verl" / "checkpoints"
+        fault = FaultWatch(log_path)
+        budget = BudgetWatch(follower, ckpts, cfg.trainer.time_budget_s) if cfg.trainer.time_budget_s > 0 else None
         if resume_from is not None:
             # VeRL rewrites its metrics file, and the trainer log starts anew: the killed run's are kept
             for path in (log_path, out / "verl" / "metrics.jsonl"):
@@ -520,7 +535,7 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
         try:
             # cwd: hydra writes its outputs/ folder there, beside the trainer's log
             outcome = supervise(cmd, env, log_path, cwd=(out / "verl").resolve(), on_poll=follower.poll,
-                                stop_when=FaultWatch(log_path))
+                                stop_when=lambda: fault() or (budget() if budget else None))
         finally:
             follower.close()
         result.update(returncode=outcome.returncode, trainer_seconds=round(outcome.seconds, 2),
@@ -529,8 +544,11 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
         if outcome.survivors:
             raise TrainerError(f"--engine verl: processes {outcome.survivors} outlived VeRL's trainer and could not "
                                "be stopped")
-        ckpts = out / "verl" / "checkpoints"
-        if outcome.returncode != 0 or outcome.stopped:
+        if outcome.stopped == BudgetWatch.REASON:
+            result["stopped"] = (f"time budget {cfg.trainer.time_budget_s:g} s spent after step "
+                                 f"{follower.rows[-1]['step']} ({follower.elapsed:.1f} s of steps)")
+            log(f"{result['stopped']}: VeRL's trainer stopped at that step's checkpoint")
+        elif outcome.returncode != 0 or outcome.stopped:
             last = _last_checkpoint(ckpts)
             keep = f"; last good checkpoint: {last}" if last else "; no checkpoint was saved"
             raise TrainerError(f"--engine verl: {outcome.stopped or diagnose(log_path)}{keep}; log: {log_path}")

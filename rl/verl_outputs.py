@@ -122,6 +122,27 @@ class MetricsFollower:
         self.writer.close()
 
 
+class BudgetWatch:
+    """A recipe's time budget for VeRL's trainer, which stops only at a step count: `__call__`
+    returns a reason to stop once the steps' own time (the local engine's measure: the sum of
+    VeRL's timing_s/step, start-up excluded) has reached the budget and the last step's
+    checkpoint is complete (VeRL saves every step under a budget: verl_bridge.save_freq)."""
+
+    REASON = "time budget spent"
+
+    def __init__(self, follower: MetricsFollower, checkpoints: Path, budget_s: float):
+        self.follower, self.tracker, self.budget = follower, checkpoints / "latest_checkpointed_iteration.txt", budget_s
+
+    def __call__(self) -> str | None:
+        if not self.follower.rows or self.follower.elapsed < self.budget:
+            return None
+        try:
+            saved = int(self.tracker.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return self.REASON if saved >= self.follower.rows[-1]["step"] else None
+
+
 def score_policy(cfg: RLConfig, path: Path) -> dict:
     """Held-out greedy accuracy (and pass@k) of a policy folder, as the local engine measures it."""
     platform = tpu_pipeline.select_device("cpu" if cfg.trainer.device == "auto" else cfg.trainer.device)
@@ -176,6 +197,7 @@ def finish(cfg: RLConfig, out: Path, result: dict, *, policy_path: Path, checkpo
         "warm_start": {"path": str(policy_path)}, "recipe": cfg.name, "device": result["device"],
         "command": result["command"], "leftover_processes": result["leftover_processes"],
         "startup_phases": phases(Path(result["log"])),
+        "stopped": result.get("stopped"),  # why the trainer stopped before its step count, if it did
     }
     atomic_write_json(out / "eval.json", evals)
     try:

@@ -62,7 +62,7 @@ def test_reward_that_raises_or_hangs_is_bounded_and_counted(test_rewards):
     assert rep.scores == [0.0, 1.0, 0.0, 1.0] and rep.errors == 2 and "exploded" in rep.first_error
     t0 = time.time()
     rep = GuardedReward(test_rewards.hangs_on_hash, 0.3)(items)
-    assert time.time() - t0 < 5
+    assert time.time() - t0 < 15  # the 0.3 s timeouts ended the calls, not the 30 s hangs (slack for a loaded box)
     assert rep.scores == [0.0, 1.0, 0.0, 1.0] and rep.timeouts == 2
     rep = GuardedReward(test_rewards.returns_nan, 1.0)(items[:2])
     assert rep.scores == [0.0, 0.0] and rep.errors == 2

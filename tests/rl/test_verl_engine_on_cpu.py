@@ -122,8 +122,48 @@ def test_cpu_overrides_compose_and_name_the_plugin(dry):
     assert any("drop_uniform_groups" in d for d in res["departures"])
 
 
+def test_the_recipe_as_it_is_composes_its_time_budget_saving_every_step(tmp_path):
+    # `rl --recipe grpo_math --engine verl` with no flag: the recipe's 360 s budget and its step cap; the
+    # warm start is only named on a dry run (trained on a real one, from an empty cache as locally)
+    from omegaconf import OmegaConf
+
+    from tpu_pipeline.rl import run
+    from tpu_pipeline.rl.recipe import load_recipe
+
+    cfg = load_recipe("grpo_math")
+    assert cfg.trainer.time_budget_s > 0
+    res = run("grpo_math", tmp_path / "v", engine="verl", dry_run=True, overrides={"data.heldout_n": 40},
+              log=lambda m: None)
+    c = OmegaConf.load(res["config"])
+    assert c.trainer.save_freq == 1  # the budget stops the run after a step: that step's checkpoint is the policy
+    assert c.trainer.total_training_steps == cfg.trainer.steps
+    assert "/warm_start/arith_lm-" in c.actor_rollout_ref.model.path
+    assert not (tmp_path / "v" / "policy").exists()
+
+
+def test_budget_stops_after_the_step_that_spends_it_once_its_checkpoint_is_complete(tmp_path):
+    from tpu_pipeline.rl.verl_outputs import BudgetWatch, MetricsFollower
+
+    out = tmp_path / "run"
+    (out / "verl" / "checkpoints").mkdir(parents=True)
+    follower = MetricsFollower(out, total_steps=100, log=lambda m: None)
+    watch = BudgetWatch(follower, out / "verl" / "checkpoints", budget_s=10.0)
+    tracker = out / "verl" / "checkpoints" / "latest_checkpointed_iteration.txt"
+    seen = []
+    for step, seconds in ((1, 4.0), (2, 4.0), (3, 4.0), (4, 4.0)):
+        tracker.write_text(str(step - 1))  # the step's checkpoint not complete yet
+        with open(out / "verl" / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "data": {"timing_s/step": seconds}}) + "\n")
+        follower.poll()
+        before = watch()
+        tracker.write_text(str(step))
+        seen.append((step, before, watch()))
+    follower.close()
+    # 4 + 4 < 10 s: go on; step 3 reaches 12 s: stop, but only once step 3's checkpoint is complete
+    assert seen[:3] == [(1, None, None), (2, None, None), (3, None, BudgetWatch.REASON)]
+
+
 @pytest.mark.parametrize("flag, msg", [
-    (["--time-budget", "60"], "VeRL's trainer stops at a step count; pass --steps N"),
     (["--steps", "2", "--set", "algorithm.filter_groups.enable=true"], "filter_groups (DAPO's dynamic sampling)"),
     (["--steps", "2", "--kernels", "pallas"], "trainer.kernels=pallas"),
 ])
@@ -147,16 +187,17 @@ def test_cpu_host_without_the_extra_stops_early_exit_2(tmp_path, tiny_policy, mo
     assert time.time() - t0 < 120  # never waits on Ray
 
 
-def test_a_launch_refused_before_it_starts_leaves_nothing_in_the_temporary_folder(tmp_path, private_tmp):
+def test_a_launch_refused_before_it_starts_leaves_nothing_in_the_temporary_folder(tmp_path, private_tmp, tiny_policy):
     from tpu_pipeline.rl.verl_bridge import cpu_backend_missing, trainer_python
 
     if cpu_backend_missing(trainer_python()):
         pytest.skip("the verl-cpu extra is not installed; `make install` builds .venv-verl")
-    # no --policy and no cached warm start (this test's own home): refused after the cluster's
-    # folder was made, before anything starts
-    r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--steps", "2", "--out", str(tmp_path / "v")]
+    # an override VeRL's config does not know: refused after the cluster's folder was made (at the
+    # composition), before anything starts
+    r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--steps", "2", "--out", str(tmp_path / "v"),
+                                 "--policy", str(tiny_policy), "--set", 'verl.extra_overrides=["trainer.no_such_key=1"]']
                            + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
-    assert r.exit_code == 2 and "does not exist yet" in r.output, r.output
+    assert r.exit_code == 2 and "VeRL's config rejects the overrides" in r.output, r.output
     assert list(private_tmp.iterdir()) == []
 
 
