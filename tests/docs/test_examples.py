@@ -143,3 +143,33 @@ def test_readme_links_resolve():
     assert len(local) >= 10, local
     missing = [link for link in local if not (ROOT / link).exists()]
     assert not missing, missing
+
+
+def _cli_lines(path: Path) -> list[str]:
+    """The `tpu-pipeline COMMAND ...` usage lines of a page's plain (untagged) blocks."""
+    lines, cmd = [], None
+    for block in parse(path)[0]:
+        if block.lang:
+            continue
+        for line in block.code.splitlines():
+            if line.startswith("tpu-pipeline "):
+                cmd = line.split()[1]
+                lines.append(line.split("#")[0])
+            elif line.startswith(" ") and cmd and lines:  # a continuation of the command above
+                lines[-1] += " " + line.split("#")[0].strip()
+    return lines
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/reference/cli.md"])
+def test_cli_at_a_glance_names_every_command_and_only_real_options(page):
+    # the usage lines are written by hand: this keeps them to what the CLI has
+    from tpu_pipeline.cli import cli
+
+    lines = _cli_lines(ROOT / page)
+    named = {line.split()[1] for line in lines}
+    assert named == set(cli.commands), f"{page}: commands {sorted(named)} vs the CLI's {sorted(cli.commands)}"
+    for line in lines:
+        command = cli.commands[line.split()[1]]
+        known = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+        used = {tok.split("=")[0] for tok in re.findall(r"--[\w-]+(?:/--[\w-]+)?", line) for tok in tok.split("/")}
+        assert used <= known, f"{page}: `{line.split()[1]}` has no {sorted(used - known)}"
