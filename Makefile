@@ -126,4 +126,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(TPU_VENV) dist build *.egg-info $(WEB)/node_modules
+	rm -rf $(VENV) $(VERL_VENV) $(TPU_VENV) dist build site *.egg-info $(WEB)/node_modules
