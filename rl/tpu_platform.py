@@ -10,7 +10,7 @@ The names are those of VeRL's own TPU platform (verl-hardware-plugin's PlatformT
 device "tpu", collective backend "tpu_dist" (what torch-tpu registers with
 torch.distributed once a TPU starts; gloo where it has not; TPU_PIPELINE_TPU_DIST_BACKEND
 overrides), Ray resource "TPU". Device queries go through torch-tpu 0.2.0's public
-`torch.accelerator` API: its `torch.tpu.is_available` and `device_count` raise.
+`torch.accelerator` API: its legacy torch.tpu device queries raise.
 
 Not verified on TPU hardware. Checked against the real torch-tpu 0.2.0 and VeRL without
 a TPU (tests/core/test_tpu_contract_on_cpu.py, in .venv-tpu), and with a fake torch_tpu.
