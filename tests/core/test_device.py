@@ -251,3 +251,17 @@ def test_compile_with_pallas_emits_pallas_kernels_and_matches_eager():
 
 def test_pallas_option_key_per_platform():
     assert device_mod._PALLAS_CONFIG_KEY == {"cpu": "cpu_backend", "cuda": "cuda_backend", "tpu": "tpu_backend"}
+
+
+def test_no_code_calls_the_legacy_torch_tpu_device_queries():
+    """torch-tpu 0.2.0 raises on torch.tpu's is_available/device_count: the probe asks
+    torch.accelerator. Nothing in the library, its stages, tests or benchmarks calls them."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    banned = re.compile(r"\btpu\.(is_available|device_count)\s*\(")
+    hits = [f"{p.relative_to(root)}:{i}" for d in ("tpu_pipeline", "kernels", "rl", "train", "convert", "bench", "tests")
+            for p in (root / d).rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
+            if banned.search(line)]
+    assert hits == []
