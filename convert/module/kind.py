@@ -527,6 +527,8 @@ def _run_micro(model: bytes, info: ModelInfo, rows: list, prof: TargetProfile) -
     try:
         return run_micro(model, info, rows, budget)
     except ConversionError as first:
+        if not re.search(r"prepare|allocate|arena", str(first).split("):", 1)[-1], re.I):
+            raise  # a crash or a timeout: a larger arena would not change it
         failure, arena, failed_in = first, budget * 2, budget
         while arena <= LARGEST_ARENA:
             try:
