@@ -246,3 +246,31 @@ def test_multilabel_judged_by_decisions_not_top1():
     assert "top1" not in ok and ok["label_agreement"] > 0.95
     bad = compare(ref, [1 - r for r in ref], kind="multilabel")
     assert bad["label_agreement"] < 0.05 and not verdict({"tags": bad}, IOT)["passed"]
+
+
+def test_class_head_and_sigmoid_box_head_kinds_in_one_model(tmp_path):
+    """issue 30: the labels (class indices) name the first output's kind; the second, a box head
+    ending in a sigmoid, has no labels: kind unknown, judged numerically, never by top-1."""
+    from tpu_pipeline.convert import convert
+
+    class TwoHeads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
+            self.cls, self.box = torch.nn.Linear(16, 5), torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            h = self.body(x)
+            return self.cls(h), torch.sigmoid(self.box(h))
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "eval.npz", x=rng.standard_normal((40, 8)).astype(np.float32), labels=rng.integers(0, 5, 40))
+    r = convert(TwoHeads().eval(), (torch.randn(1, 8),), targets="desktop", out=tmp_path / "o", latency=False,
+                eval_data=tmp_path / "eval.npz")
+    kinds = r.report["output_kinds"]
+    assert kinds["output_0"]["kind"] == "logits" and "class indices in [0, 5)" in kinds["output_0"]["source"]
+    assert kinds["output_1"]["kind"] == "unknown" and "sigmoid over 4" in kinds["output_1"]["source"]
+    outs = r["desktop"].parity["outputs"]
+    assert "top1" in outs["output_0"] and "top1" not in outs["output_1"]
+    assert r["desktop"].parity["task_score"]["metric"] == "accuracy"
