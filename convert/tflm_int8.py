@@ -370,9 +370,10 @@ def _constant(g: _Graph, tensor: int) -> float | None:
     return v
 
 
-def _chain(g: _Graph, root: int) -> tuple[list, int] | None:
-    """The elementwise ops fed only by `root` (and scalar constants), in graph order, and the one tensor
-    they hand to the rest of the graph; None when they hand over several or none."""
+def _chain(g: _Graph, root: int) -> tuple[list, int, list] | None:
+    """The elementwise ops fed only by `root` (and scalar constants), in graph order, the one tensor
+    they hand to the rest of the graph, and the QUANTIZEs to feed from it afterwards (int8 -> int8);
+    None when they hand over several tensors or none."""
     have, ops = {root}, []
     for op in g.sg.operators:  # graph order is topological
         if g.code(op) not in _ELEMENTWISE or len(op.outputs) != 1:
@@ -382,10 +383,25 @@ def _chain(g: _Graph, root: int) -> tuple[list, int] | None:
         if fed and all(i in have or _constant(g, i) is not None for i in ins):
             ops.append(op)
             have.add(op.outputs[0])
-    inside = {id(o) for o in ops}
-    handed = {o.outputs[0] for o in ops
-              if g.is_output(o.outputs[0]) or any(id(c) not in inside for c in g.consumers(o.outputs[0]))}
-    return (ops, handed.pop()) if len(handed) == 1 else None
+
+    def handed_by(chain):
+        inside = {id(o) for o in chain}
+        return {o.outputs[0] for o in chain
+                if g.is_output(o.outputs[0]) or any(id(c) not in inside for c in g.consumers(o.outputs[0]))}
+
+    handed = handed_by(ops)
+    # A U-Net's skip reads the activation twice, at two scales (the next conv's, the concatenation's).
+    # Either the chain's float end is quantized twice, or its int8 end is requantized (int8 -> int8
+    # QUANTIZE). The table writes one end; the other QUANTIZEs stay outside it, requantizing that.
+    ends = [o for o in ops if o.outputs[0] in handed]
+    if len(ends) > 1 and all(g.code(o) == _B.QUANTIZE and o.inputs[0] == ends[0].inputs[0] for o in ends):
+        return [o for o in ops if not any(o is e for e in ends[1:])], ends[0].outputs[0], ends[1:]
+    tails = [o for o in ends if g.code(o) == _B.QUANTIZE and o.inputs[0] in handed]
+    if len(handed) > 1 and tails:
+        kept = [o for o in ops if not any(o is t for t in tails)]
+        if len(handed_by(kept)) == 1:
+            return kept, handed_by(kept).pop(), []  # the requantizing QUANTIZEs read the table's output as is
+    return (ops, handed.pop(), []) if len(handed) == 1 else None
 
 
 def _chain_root(g: _Graph, op) -> int | None:
@@ -428,7 +444,7 @@ def activations_as_table(model: bytes) -> tuple[bytes, dict[str, int]]:
             found = _chain(g, root)
             if found is None:
                 continue
-            ops, y = found
+            ops, y, requantize = found
             in_q, out_q = _qparams(sg.tensors[root]), _qparams(sg.tensors[y])
             if out_q is None:
                 continue
@@ -457,6 +473,8 @@ def activations_as_table(model: bytes) -> tuple[bytes, dict[str, int]]:
             for o in ops:
                 sg.operators.remove(o)
             sg.operators[at:at] = new
+            for o in requantize:
+                o.inputs = [y]
             key = "+".join(dict.fromkeys(names.get(g.code(o), "?") for o in ops
                                          if g.code(o) not in (_B.QUANTIZE, _B.DEQUANTIZE)))
             done[key] = done.get(key, 0) + 1

@@ -261,3 +261,21 @@ def test_a_float_tensor_refusal_names_every_layer():
     found = checks.check(load_profiles().get("iot"), fl, inspect_model(fl))
     (msg,) = [v for v in found.violations if "float32" in v]
     assert all(f"enc{i}" in msg and f"dec{i}" in msg for i in range(6)), msg
+
+
+def test_elu_read_by_a_skip_at_two_scales_runs_int8(tmp_path):
+    """A U-Net's skip reads the activation twice (the next conv, the concatenation), so the quantizer
+    requantizes its int8 output: the ELU chain is still one table, the requantization kept after it."""
+    from tpu_pipeline.testing import user_models
+
+    torch.manual_seed(0)
+    m = user_models.Denoiser()
+    m.act = nn.ELU()
+    x, _ = user_models._noisy_tones(48, np.random.default_rng(0))
+    r = tc.convert(m.eval(), (torch.from_numpy(x[:1]),), targets="iot", out=tmp_path / "o", latency=False,
+                   refine_rounds=0, calibration=[(torch.from_numpy(v[None]),) for v in x[16:]], samples=16)
+    t = r["iot"]
+    assert t.passed, t.errors
+    model = Path(t.artifact_path).read_bytes()
+    assert "SELECT" not in {o["op"] for o in inspect_model(model).ops}
+    assert tflm_int8.rewrites(model) == {"EXP+SUB+GREATER_EQUAL+SELECT": 3}
