@@ -38,6 +38,9 @@ Activations (issue 30), measured the same way (Conv1d -> act -> Conv1d):
 - PReLU (RELU, MUL, MUL, SUB), Hardswish (HARD_SWISH), Hardsigmoid and ReLU6
   (folded into the conv's fused activation), SiLU (LOGISTIC, MUL): int8 on TFLM
   as the quantizer writes them.
+- CONCATENATION of more than 10 inputs (litert-torch's unrolled LSTM stacks
+  all T steps in one): TFLM's kernel fails to prepare it at any arena;
+  `concatenations_in_groups` concatenates in groups of 8, then the groups.
 """
 
 from __future__ import annotations
