@@ -31,6 +31,13 @@ moves one fails a test, not a user:
    (a subclass of VeRL's vLLM worker extension, named through
    rollout.engine_kwargs.vllm.worker_extension_cls): each update through vLLM's
    layer-wise reload, VeRL's whole-model re-processing replaced for its duration.
+4. The weight-transfer socket (`private_ipc`): VeRL names it
+   /tmp/rl-colocate-zmq-<Ray job id>-..., and every local Ray cluster numbers its
+   first job 01000000, so two `rl --engine verl` runs on one host bound the same
+   path and a rollout could receive the other run's weights. Both ends move it
+   into the run's own temporary folder: the receiver in CpuWorkerExtension, the
+   sender in `tpu_pipeline.rl.verl_cpu_vllm.CpuServerAdapter`, registered in
+   VeRL's rollout registry in place of its vLLM ServerAdapter.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import tempfile
 import types
 from typing import Any, Optional
 
@@ -61,6 +69,8 @@ WRAPPED = (
     "verl.workers.engine.base:EngineRegistry.get_engine_cls",
     "verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension.update_weights_from_ipc",
     "verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension._iter_all_models_with_config",
+    "verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension._get_zmq_handle",
+    "verl.workers.rollout.base:_ROLLOUT_REGISTRY",
     # VeRL's last update step, which the weight sync replaces while an update runs
     "vllm.model_executor.model_loader.utils:process_weights_after_loading",
     "vllm.model_executor.model_loader.reload:initialize_layerwise_reload",
@@ -246,6 +256,20 @@ def _platform_class():
     return PlatformCPU
 
 
+# VeRL's vLLM rollout (the sender of the weights), replaced by our subclass (wrapper 4)
+VLLM_ROLLOUT_KEY = ("vllm", "async")
+CPU_ROLLOUT = "tpu_pipeline.rl.verl_cpu_vllm.CpuServerAdapter"
+
+
+def private_ipc(handle: str) -> str:
+    """Wrapper 4: a socket VeRL puts in /tmp goes to this process's temporary folder (the launch
+    gives every process of a run the same private TMPDIR)."""
+    prefix = "ipc:///tmp/"
+    if not handle.startswith(prefix):
+        return handle
+    return "ipc://" + os.path.join(tempfile.gettempdir(), handle[len(prefix):])
+
+
 def _gloo_process_group(init):
     """Wrapper 1: VeRL's "cpu:gloo,cpu:gloo" backend string becomes "gloo" on the CPU platform."""
 
@@ -268,10 +292,12 @@ def register():
         # heavy: see _platform_class
         import verl.utils.distributed as vdist
         from verl.plugin.platform import PlatformRegistry
+        from verl.workers.rollout import base as rollout_base
 
         _registered = PlatformRegistry.register(platform=PLATFORM_NAME)(_platform_class())
         if not getattr(vdist.initialize_global_process_group_ray, "__tpu_pipeline_wrapped__", False):
             vdist.initialize_global_process_group_ray = _gloo_process_group(vdist.initialize_global_process_group_ray)
+        rollout_base._ROLLOUT_REGISTRY[VLLM_ROLLOUT_KEY] = CPU_ROLLOUT
     return _registered
 
 

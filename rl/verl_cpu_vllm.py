@@ -40,8 +40,9 @@ import vllm.model_executor.model_loader.utils as vllm_loader_utils
 from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
+from verl.workers.rollout.vllm_rollout.vllm_rollout import ServerAdapter
 
-from tpu_pipeline.rl.verl_cpu_platform import CALLED
+from tpu_pipeline.rl.verl_cpu_platform import CALLED, private_ipc
 
 QUALNAME = "tpu_pipeline.rl.verl_cpu_vllm.CpuWorkerExtension"
 
@@ -102,8 +103,21 @@ class CpuWorkerExtension(vLLMColocateWorkerExtension):
         with layerwise_reload(list(self._iter_all_models_with_config())):
             return super().update_weights_from_ipc(peft_config, base_sync_done, use_shm)
 
+    def _get_zmq_handle(self) -> str:
+        return private_ipc(super()._get_zmq_handle())  # wrapper 4, the receiving end
+
     def _update_weights(self, weights, peft_config: dict, base_sync_done: bool):
         # The layer-wise reload holds each tensor until its layer is complete (a tied lm_head never
         # is), and the received tensors are views of VeRL's shared-memory bucket, which VeRL closes
         # after the last bucket ("cannot close exported pointers exist"): hand it copies.
         return super()._update_weights([(n, t.clone()) for n, t in weights], peft_config, base_sync_done)
+
+
+class CpuServerAdapter(ServerAdapter):
+    """VeRL's vLLM rollout as the trainer's worker holds it, sending weights over a socket in the
+    run's own temporary folder (wrapper 4, the sending end)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        CALLED.add("wrap.ServerAdapter")
+        self.zmq_handle = private_ipc(self.zmq_handle)

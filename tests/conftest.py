@@ -24,6 +24,8 @@ LONG_FILES = (
     "tests/convert/test_lm_export.py",
     "tests/convert/test_litertlm_on_cpu.py",
     "tests/convert/test_kinds_on_cpu.py",
+    "tests/convert/test_convert_under_load_on_cpu.py",  # conversions and browser sessions beside busy processes
+    "tests/core/test_tpu_contract_on_cpu.py",  # the real torch-tpu, in .venv-tpu's children
     "tests/rl/test_resume_on_cpu.py",
     "tests/train/test_resume_on_cpu.py",
 )

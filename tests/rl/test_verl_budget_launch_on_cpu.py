@@ -22,8 +22,8 @@ from .test_verl_launch_on_cpu import TEST_TAG, TESTS_PATH, _left_in_tmp, _marked
 
 # A warm start of seconds (the recipe's model, 20 updates, a small held-out check): a real one,
 # trained and cached by the launch itself.
-WARM_START = '{"loop.steps" = 20, "loop.batch_size" = 16, "loop.log_every" = 10, "arith.n_heldout" = 40, ' \
-             '"arith.pass_k" = 0}'
+WARM_START = json.dumps({"loop.steps": 20, "loop.batch_size": 16, "loop.log_every": 10, "arith.n_heldout": 40,
+                         "arith.pass_k": 0})
 
 
 @pytest.mark.slow

@@ -98,6 +98,9 @@ PROBE = textwrap.dedent("""
     out["extension"] = issubclass(CpuWorkerExtension, vLLMColocateWorkerExtension)
     import verl.third_party.vllm as tv  # VeRL's version gate reads the `vllm` record
     out["vllm_version"] = tv.vllm_version
+    # 4: the rollout the trainer's worker builds is ours, its weight socket in the run's temporary folder
+    from verl.workers.rollout.base import get_rollout_class
+    out["rollout"] = get_rollout_class("vllm").__module__ + "." + get_rollout_class("vllm").__name__
     out["called"] = sorted(plugin.CALLED)
     print("PROBE" + json.dumps(out))
 """)
@@ -105,6 +108,7 @@ PROBE = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_verl_internals_the_plugin_wraps_exist_and_work(verl_python):
+    from tpu_pipeline.rl import verl_cpu_platform as plugin
     from tpu_pipeline.rl.verl_cpu_platform import ENV
 
     port = str(29500 + os.getpid() % 1000)
@@ -120,6 +124,16 @@ def test_verl_internals_the_plugin_wraps_exist_and_work(verl_python):
     assert out["extension"] is True
     assert out["vllm_version"] and "+cpu" in out["vllm_version"]
     assert "wrap.initialize_global_process_group_ray" in out["called"]
+    assert out["rollout"] == plugin.CPU_ROLLOUT
+
+
+def test_the_weight_socket_moves_into_the_runs_own_temporary_folder(private_tmp):
+    # two local Ray clusters both number their first job 01000000: in /tmp their sockets were one
+    from tpu_pipeline.rl.verl_cpu_platform import private_ipc
+
+    handle = "ipc:///tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock"
+    assert private_ipc(handle) == f"ipc://{private_tmp}/rl-colocate-zmq-01000000-replica-0-rank-0.sock"
+    assert private_ipc("tcp://127.0.0.1:5555") == "tcp://127.0.0.1:5555"
 
 
 # Hooks the CPU plugin overrides that the TPU platform leaves to PlatformBase, each with why.

@@ -42,11 +42,12 @@ SPAWN = textwrap.dedent("""
 
 
 # What a VeRL run left in the temporary folder before its cluster got a folder of its own: vLLM's
-# file-store records and ZMQ sockets (uuid4 names), VeRL's checkpoint locks, the Ray session folder.
+# file-store records and ZMQ sockets (uuid4 names), VeRL's checkpoint locks, the Ray session folder,
+# VeRL's weight-transfer socket (a killed trainer worker never removes it).
 # Matched by name, not with the private_tmp fixture: under pytest's long temporary path Ray's socket
 # paths pass the 107 bytes a Unix socket allows.
 LEFT_IN_TMP = re.compile(r"vllm_dist_[0-9a-f]{32}|ckpt_[0-9a-f]{8}\.lock|[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}"
-                         r"|tpray-.+")
+                         r"|tpray-.+|rl-colocate-zmq-.+\.sock")
 
 
 def _left_in_tmp() -> set[str]:
