@@ -48,6 +48,8 @@ VERL_KEYS = {
     # VeRL only: the largest gap between vLLM's sampling probabilities and the trainer's recomputed
     # ones (ray_trainer's rollout_probs_diff): ~1e-2 when the trainer computes in bf16, ~1e-6 in float32
     "rollout_probs_diff_max": "training/rollout_probs_diff_max",
+    # and its mean: a whole stale layer moves the mean, one odd token only the max
+    "rollout_probs_diff_mean": "training/rollout_probs_diff_mean",
 }
 
 
