@@ -15,10 +15,13 @@ import shutil
 import tomllib
 from pathlib import Path
 
+from mkdocs.plugins import event_priority
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "build" / "api_src"
 
 
+@event_priority(100)  # before mkdocstrings' own on_config, which drops search paths that do not exist yet
 def on_config(config, **kwargs):
     mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     shutil.rmtree(OUT, ignore_errors=True)
