@@ -261,13 +261,19 @@ VLLM_ROLLOUT_KEY = ("vllm", "async")
 CPU_ROLLOUT = "tpu_pipeline.rl.verl_cpu_vllm.CpuServerAdapter"
 
 
+# The longest path a Unix socket takes (sun_path is 108 bytes with its terminating NUL).
+SOCKET_PATH_MAX = 107
+
+
 def private_ipc(handle: str) -> str:
     """Wrapper 4: a socket VeRL puts in /tmp goes to this process's temporary folder (the launch
-    gives every process of a run the same private TMPDIR)."""
+    gives every process of a run the same private TMPDIR, /tmp/tpray-*/tmp), unless that path is
+    too long for a socket, where VeRL's own path stays."""
     prefix = "ipc:///tmp/"
     if not handle.startswith(prefix):
         return handle
-    return "ipc://" + os.path.join(tempfile.gettempdir(), handle[len(prefix):])
+    path = os.path.join(tempfile.gettempdir(), handle[len(prefix):])
+    return "ipc://" + path if len(path.encode()) <= SOCKET_PATH_MAX else handle
 
 
 def _gloo_process_group(init):

@@ -134,6 +134,9 @@ def test_the_weight_socket_moves_into_the_runs_own_temporary_folder(private_tmp)
     handle = "ipc:///tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock"
     assert private_ipc(handle) == f"ipc://{private_tmp}/rl-colocate-zmq-01000000-replica-0-rank-0.sock"
     assert private_ipc("tcp://127.0.0.1:5555") == "tcp://127.0.0.1:5555"
+    # a temporary folder too deep for a socket path (107 bytes): VeRL's own path stays
+    too_long = handle.replace("01000000", "0" * 100)
+    assert private_ipc(too_long) == too_long
 
 
 # Hooks the CPU plugin overrides that the TPU platform leaves to PlatformBase, each with why.

@@ -21,7 +21,8 @@ import sys
 import threading
 import uuid
 
-os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VERL_RAY_JOB_ID=uuid.uuid4().hex)
+# a job id as short as Ray's (8 hex digits): the socket path must stay under 107 bytes in pytest's TMPDIR
+os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VERL_RAY_JOB_ID=uuid.uuid4().hex[:8])
 
 import torch  # noqa: E402
 
