@@ -100,10 +100,13 @@ def _device_type(t: Tensor) -> str:
 
 def _run(fn, tensors: Sequence[Tensor], **static) -> tuple[Tensor, ...]:
     tensors = [t.detach().contiguous() for t in tensors]
-    if _device_type(tensors[0]) == "tpu":
-        return _tpu.run(fn, tensors, static)
+    # Set per call from the inputs: litert-torch's JAX bridge turns jax_enable_x64 on for the whole
+    # process when it is imported, and Mosaic's TPU lowering refuses the kernels' index arithmetic
+    # in 64 bits (tests/kernels/test_lowering_on_cpu.py).
     x64 = any(t.dtype == torch.float64 for t in tensors)
     with jax.enable_x64(x64):
+        if _device_type(tensors[0]) == "tpu":
+            return _tpu.run(fn, tensors, static)
         args = [jax.dlpack.from_dlpack(t) for t in tensors]
         out = fn(*args, interpret=_interpreted(tensors[0]), **static)
         out = out if isinstance(out, (tuple, list)) else (out,)

@@ -17,9 +17,8 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 # they hold) start them early, one each, and finish on short files instead of one running a long file
 # alone at the end.
 LONG_FILES = (
-    "tests/rl/test_verl_launch_on_cpu.py",  # two real VeRL launches
+    "tests/rl/test_verl_launch_on_cpu.py",  # three real VeRL launches and a warm start
     "tests/rl/test_verl_weight_sync_on_cpu.py",  # vLLM's engine seven times, one per CPU GEMM path
-    "tests/rl/test_verl_budget_launch_on_cpu.py",  # a warm start and a third VeRL launch
     "tests/convert/test_lm_families_on_cpu.py",  # seven .litertlm exports in one child process
     "tests/convert/test_lm_export.py",
     "tests/convert/test_litertlm_on_cpu.py",

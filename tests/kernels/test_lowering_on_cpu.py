@@ -69,6 +69,14 @@ def linear_token_logprobs(chip, direction, n, h, v, dt=BF16):
             S((n, h), dt), S((v, h), dt), S((n,), I32), S((n,), F32), S((n,), F32))
 
 
+@pytest.fixture(autouse=True)
+def no_x64():
+    """As the bridge runs them: 32-bit JAX, whatever the process holds (litert-torch's JAX bridge
+    turns jax_enable_x64 on for the whole process when any convert test imports it)."""
+    with jax.enable_x64(False):
+        yield
+
+
 # A Llama-sized step of each kernel (bf16): rows x hidden 1024 x 4096, 8 query heads on
 # 2 kv heads at 512 tokens and head dim 128, a 32000-token vocabulary.
 KERNELS = {

@@ -1,7 +1,8 @@
 """`rl --engine verl` for real on this CPU host: VeRL's Ray trainer (FSDP2 on gloo,
-vLLM's CPU rollout). Two real launches: the first has its FSDP worker SIGKILLed after
+vLLM's CPU rollout). Three real launches: the first has its FSDP worker SIGKILLed after
 step 1's checkpoint (one line, exit 6, the checkpoint kept and named); `--resume`
-continues it to 3 steps, and the run folder then holds what the local engine writes.
+continues it to 3 steps, and the run folder then holds what the local engine writes; the
+third starts from an empty cache and stops at the recipe's time budget.
 No Ray or vLLM process, and none of their temporary files, outlives either command.
 Also: the supervisor stops every process it started; a Ray cluster that cannot be
 reached is one line with exit 6; a policy vLLM cannot load is named from vLLM's own
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from omegaconf import OmegaConf
 
 from tpu_pipeline.cli import cli
 from tpu_pipeline.errors import EXIT_TRAINER
@@ -324,3 +326,48 @@ def test_vllm_that_cannot_load_the_policy_is_named_in_one_line(tmp_path, tiny_po
     assert out.returncode != 0 and out.stopped is None and out.survivors == []
     line = diagnose(log)
     assert line.startswith("vLLM could not load the policy") and "head_dim=16" in line and "\n" not in line, line
+
+
+# `rl --engine verl` from nothing, taking the recipe as it is (the third launch, here rather than in a file of
+# its own: two launches side by side would each count the other's cluster folder as left in /tmp).
+#
+# `rl --engine verl` from nothing, taking the recipe as it is: no warm start in the cache (the
+# test's own TPU_PIPELINE_HOME), so it is trained first, as the local engine would; then VeRL's
+# trainer runs under the recipe's time budget (no --steps) and is stopped after the step that
+# spends it, at that step's checkpoint. A budget of 0.01 s is spent by the first step on any
+# machine, so the run stops after step 1 however fast or loaded the box is.
+#
+# A warm start of seconds (the recipe's model, 20 updates, a small held-out check): a real one,
+# trained and cached by the launch itself.
+WARM_START = json.dumps({"loop.steps": 20, "loop.batch_size": 16, "loop.log_every": 10, "arith.n_heldout": 40,
+                         "arith.pass_k": 0})
+
+
+@pytest.mark.slow
+def test_verl_from_an_empty_cache_trains_the_warm_start_and_honours_the_time_budget(tmp_path, monkeypatch):
+    _need_the_extra()
+    home = Path(os.environ["TPU_PIPELINE_HOME"])
+    assert not (home / "warm_start").exists()
+    out, tag, in_tmp = tmp_path / "run", uuid.uuid4().hex, _left_in_tmp()
+    monkeypatch.setenv(TEST_TAG, tag)
+    monkeypatch.setenv("PYTHONPATH", TESTS_PATH)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    small = {k: v for k, v in SMALL.items() if k != "trainer.time_budget_s"}
+    r = CliRunner().invoke(cli, ["rl", "--recipe", "grpo_math", "--engine", "verl", "--time-budget", "0.01",
+                                 "--reward", "rewards_for_tests:odd_char_sum", "--out", str(out),
+                                 "--set", f"policy.warm_start_overrides={WARM_START}"]
+                           + [x for k, v in small.items() for x in ("--set", f"{k}={v}")])
+    log = (out / "verl" / "trainer.log").read_text()[-4000:] if (out / "verl" / "trainer.log").is_file() else ""
+    assert r.exit_code == 0, r.output + log
+    cached = list((home / "warm_start").glob("arith_lm-*/hf/config.json"))
+    assert len(cached) == 1 and "warm start: training arith_lm" in r.output
+    assert OmegaConf.load(out / "verl" / "ppo_trainer.yaml").actor_rollout_ref.model.path == str(cached[0].parent)
+    assert "time budget 0.01 s spent after step 1" in r.output
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1]
+    assert rows[0]["rollout_probs_diff_max"] < 1e-3
+    evals = json.loads((out / "eval.json").read_text())
+    assert evals["steps"] == 1 and evals["stopped"].startswith("time budget 0.01 s spent after step 1")
+    assert evals["checkpoint"].endswith("global_step_1") and evals["leftover_processes"] == []
+    assert any((out / "policy").glob("*.safetensors")) and (out / "policy" / "config.json").is_file()
+    assert _marked_processes(tag) == [] and _left_in_tmp() - in_tmp == set()
