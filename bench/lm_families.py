@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 
 from tpu_pipeline.convert.lm import litertlm
 from tpu_pipeline.convert.lm.decode_ready import eos_token_ids, load_hf_causal_lm
-from tpu_pipeline.convert.measure import median_ms
+from tpu_pipeline.convert.runtimes.measure import median_ms
 from tpu_pipeline.errors import PipelineError
 from tpu_pipeline.testing import lm_zoo
 

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 import tpu_pipeline.convert as tc
-from tpu_pipeline.convert import tflm_int8
-from tpu_pipeline.convert.runtimes import run_micro
+from tpu_pipeline.convert.precision import tflm_int8
+from tpu_pipeline.convert.runtimes.litert import run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.testing import mlperf_tiny
 from tpu_pipeline.testing.convert_models import TextCNN, mcu_block

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from tpu_pipeline.convert import ConvertOptions, convert
-from tpu_pipeline.convert.runtimes import LitertRunner, run_micro
+from tpu_pipeline.convert.runtimes.litert import LitertRunner, run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.testing import trained_models
 

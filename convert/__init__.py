@@ -8,9 +8,11 @@ each checked on that target's runtime. Public API:
     load_model, load_profiles, compare, judge, localize
     ModelKind (a new kind of model: see kinds.py), TargetResult
 
-Layout: the steps every model kind shares sit here (pipeline.py composes them);
-module/ and lm/ are the two model kinds, iot/ the iot target's pieces. The three
-never import each other (pyproject's import-linter contracts).
+Layout: pipeline.py composes the steps; module/ and lm/ are the two model kinds
+(kinds.py, what a kind implements); precision/ derives a target's variant,
+verdict/ decides whether it ships, runtimes/ runs it where the target does;
+iot/ and npu/ hold one target's own pieces each. Each sub-package's direction
+is an import-linter contract in pyproject.toml.
 """
 
 import importlib
@@ -22,7 +24,7 @@ if __name__ != "tpu_pipeline.convert":
 
 _EXPORTS = {
     "convert": "pipeline", "ConvertOptions": "options", "load_model": "module.loaders", "load_profiles": "targets",
-    "TargetProfile": "targets", "compare": "parity", "judge": "parity", "localize": "parity",
+    "TargetProfile": "targets", "compare": "verdict.parity", "judge": "verdict.parity", "localize": "verdict.parity",
     "ModelKind": "kinds", "TargetResult": "result", "ConvertResult": "result",
 }
 

@@ -21,7 +21,7 @@ class ConvertOptions:
     calib: str | Path | Sequence | None = None  # .npz of representative inputs (static int8 calibration), or rows
                                      # (Python API: each a tuple of tensors, one per input)
     eval_data: str | Path | None = None  # .npz of parity inputs (+ a `labels` array), or a folder of samples
-                                         # (one .npy/.npz each, labels in labels.csv): convert/eval_data.py
+                                         # (one .npy/.npz each, labels in labels.csv): convert/verdict/eval_data.py
     metric: str | Callable | None = None  # task metric(outputs, labels) -> float: "module:function" or a function
                                          # (None: built-in by output kind when the eval data has labels)
     max_task_drop: float | str | dict[str, float] | None = None  # the task drop bound in the metric's own units:
@@ -30,7 +30,7 @@ class ConvertOptions:
     samples: int | None = None           # parity rows per target (None: all of --eval-data, else at least
                                          # DEFAULT_SAMPLES drawn; LMs: PROMPTS_DEFAULT prompts)
     output_kinds: dict[str, str] | Sequence[str] = dataclasses.field(default_factory=dict)  # output name -> kind
-                                         # (convert/output_kinds.py), or NAME=KIND strings (--output-kind)
+                                         # (convert/verdict/output_kinds.py), or NAME=KIND strings (--output-kind)
     atol: float | None = None
     rtol: float | None = None
     min_cosine: float | None = None

@@ -69,7 +69,7 @@ def _interval(m: dict, key: str) -> str:
 
 
 def _kind_figures(m: dict) -> str:
-    """The output's kind and the figures it is judged by (convert/output_kinds.py)."""
+    """The output's kind and the figures it is judged by (convert/verdict/output_kinds.py)."""
     kind = m.get("kind", "unknown")
     parts = [f"<br><b>kind: {html.escape(kind if kind != 'unknown' else 'kind unknown (judged numerically)')}</b>"]
     if "top1_judged" in m:

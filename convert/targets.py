@@ -71,7 +71,7 @@ class TargetProfile:
     min_cosine: float
     min_top1: float
     check_abs: bool
-    # per output kind (convert/output_kinds.py); defaults are desktop's float32 bounds
+    # per output kind (convert/verdict/output_kinds.py); defaults are desktop's float32 bounds
     max_flip_rate: float = 0.0           # class scores/probabilities: share of rows whose top-1 may flip at all
     max_prob_error: float = 1e-3         # class scores/probabilities: |error| on the probability scale (largest per row, mean over rows)
     max_regression_error: float = 1e-3   # regression: |error| / the reference's spread over the eval rows (largest per row, mean over rows)

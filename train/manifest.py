@@ -26,7 +26,7 @@ def write_model(path: Path, *, model_class: str, model_kwargs: dict, state_dict:
     and parity should use instead of random inputs (digits pixels are 0..16,
     far from a random normal).
     output_kinds: output name -> what it is (logits, probabilities, regression, embedding,
-    dense_map, token_logits; tpu_pipeline.convert.output_kinds), which decides how convert
+    dense_map, token_logits; tpu_pipeline.convert.verdict.output_kinds), which decides how convert
     judges each artifact's output; an output left out is inferred from the graph or unknown.
     """
     if not model_class.startswith("tpu_pipeline."):

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from tpu_pipeline.convert import parity
-from tpu_pipeline.convert.browser import browser_unavailable, generate_litertjs
+from tpu_pipeline.convert.verdict import parity
+from tpu_pipeline.convert.runtimes.browser import browser_unavailable, generate_litertjs
 from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
 from tpu_pipeline.convert.lm import litertlm, task_accuracy
 from tpu_pipeline.convert.lm.decode_ready import (LLAMA_FAMILY, TOKENIZER_FILES, cache_lengths, eos_token_ids,
@@ -38,7 +38,7 @@ from tpu_pipeline.convert.lm.decode_ready_runtime import META_FILE, LiteRTLangua
 from tpu_pipeline.convert.lm.quant_recipes import (heldout_sequences, quantize_lm, teacher_forced,
                                                    perplexity, tflite_perplexity, torch_logits)
 from tpu_pipeline.stats import wilson
-from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
+from tpu_pipeline.convert.runtimes.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.options import PROMPTS_DEFAULT, ConvertOptions
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
 from tpu_pipeline.convert.targets import LM_RECIPES, TargetProfile

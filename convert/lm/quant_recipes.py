@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from ai_edge_quantizer import quantizer, recipe
 
-from tpu_pipeline.convert.quantize import quantize
+from tpu_pipeline.convert.precision.quantize import quantize
 from tpu_pipeline.convert.targets import LM_RECIPES
 from tpu_pipeline.convert.tool_output import first_line, quiet_native
 from tpu_pipeline.errors import ConversionError

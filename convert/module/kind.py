@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tpu_pipeline.convert import eval_data, output_kinds, parity, task_score
-from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs
+from tpu_pipeline.convert.verdict import eval_data, output_kinds, parity, task_score
+from tpu_pipeline.convert.runtimes.browser import browser_unavailable, run_litertjs
 from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
-from tpu_pipeline.convert.measure import MEASURE_THREADS, median_ms, torch_threads
+from tpu_pipeline.convert.runtimes.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.global_pool import as_mean
 from tpu_pipeline.convert.module.max_pool import as_amax
@@ -33,10 +33,10 @@ from tpu_pipeline.convert.module.recurrent import UNROLLED, as_fused
 from tpu_pipeline.convert.module.accelerators import FLOAT16_CHECK, Pending
 from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs, load_model
 from tpu_pipeline.convert.options import DEFAULT_SAMPLES, ConvertOptions
-from tpu_pipeline.convert.quantize import quantize
-from tpu_pipeline.convert import tflm_int8
+from tpu_pipeline.convert.precision.quantize import quantize
+from tpu_pipeline.convert.precision import tflm_int8
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
-from tpu_pipeline.convert.runtimes import LitertRunner, from_artifact, run_micro, to_artifact
+from tpu_pipeline.convert.runtimes.litert import LitertRunner, from_artifact, run_micro, to_artifact
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo, inspect_model
 from tpu_pipeline.convert.tool_output import first_line
@@ -758,7 +758,7 @@ def _input_specs(m: LoadedModel) -> list[eval_data.InputSpec]:
 
 def _read_npz(path, m: LoadedModel, flag: str) -> list[list[np.ndarray]]:
     """An .npz with one array per input (named like the input, or arr_0..): shape (N, *input_shape[1:]),
-    or a samples folder (convert/eval_data.py); --calib ignores labels."""
+    or a samples folder (convert/verdict/eval_data.py); --calib ignores labels."""
     return eval_data.read(path, _input_specs(m), flag).rows
 
 

@@ -42,7 +42,7 @@ class LoadedModel:
     input_names: list[str]
     output_names: list[str] | None = None
     task: str | None = None                  # classification | causal-lm | None (unknown)
-    output_kinds: dict[str, str] | None = None  # manifest's output_kinds: output name -> kind (convert/output_kinds.py)
+    output_kinds: dict[str, str] | None = None  # manifest's output_kinds: output name -> kind (convert/verdict/output_kinds.py)
     notes: list[str] = dataclasses.field(default_factory=list)  # what was changed on the way (bf16 cast, ...)
     int_high: list[int | None] = dataclasses.field(default_factory=list)  # per input: exclusive upper bound for int samples
     calibration: list[torch.Tensor] | None = None  # manifest's calibration_inputs: real rows, (N, *shape[1:]) per input

@@ -23,8 +23,8 @@ from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
 
 from tpu_pipeline.convert.module.lstm_reset import reset_states, strip_resets
-from tpu_pipeline.convert.tflite_rewrites import inline_buffers, lookups_as_gather
-from tpu_pipeline.convert.tflm_int8 import for_tflm
+from tpu_pipeline.convert.precision.tflite_rewrites import inline_buffers, lookups_as_gather
+from tpu_pipeline.convert.precision.tflm_int8 import for_tflm
 from tpu_pipeline.errors import ConversionError
 
 NOTE = ("static_int8: the fused LSTMs full-integer (int8 weights and hidden state, int16 cell state) by "

@@ -5,7 +5,7 @@ litert-torch 0.10 has no lowering for aten.adaptive_max_pool2d (what
 nn.AdaptiveMaxPool1d/2d trace to: "Lowering not found"), so the standard text
 CNN's max over time, written `nn.AdaptiveMaxPool1d(1)`, converted for no
 target. With an output size of 1 the pool is exactly `amax` over the pooled
-axes (keepdim), which lowers to REDUCE_MAX (int8 on TFLM: convert/tflm_int8.py).
+axes (keepdim), which lowers to REDUCE_MAX (int8 on TFLM: convert/precision/tflm_int8.py).
 `as_amax` swaps such modules in a copy of the model; other output sizes and
 `return_indices=True` are left as they are.
 """

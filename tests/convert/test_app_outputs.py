@@ -20,7 +20,7 @@ from tpu_pipeline.testing.model_files import tiny_cnn_tflite
 def int8_model(tmp_path_factory):
     from ai_edge_litert.interpreter import Interpreter
 
-    from tpu_pipeline.convert.quantize import quantize
+    from tpu_pipeline.convert.precision.quantize import quantize
 
     _, path = tiny_cnn_tflite(tmp_path_factory.mktemp("iot") / "float.tflite", channels=8, classes=10)
     float_model = path.read_bytes()

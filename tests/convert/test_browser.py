@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from tpu_pipeline.convert import browser
-from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs
+from tpu_pipeline.convert.runtimes import browser
+from tpu_pipeline.convert.runtimes.browser import browser_unavailable, run_litertjs
 from tpu_pipeline.testing.model_files import tiny_cnn_tflite
 from tpu_pipeline.testing.processes import alive
 
@@ -60,7 +60,7 @@ def test_browser_generates_like_the_python_client(tmp_path):
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tpu_pipeline.convert.browser import generate_litertjs
+    from tpu_pipeline.convert.runtimes.browser import generate_litertjs
     from tpu_pipeline.convert.lm.decode_ready import write_decode_ready
     from tpu_pipeline.convert.lm.decode_ready_runtime import LiteRTLanguageModel
     from tpu_pipeline.train.tasks.char_lm import build_tokenizer
@@ -86,7 +86,7 @@ def test_browser_generates_like_the_python_client(tmp_path):
 def test_a_conversion_killed_with_sigkill_leaves_no_browser(tmp_path):
     # nothing in the dead process can clean up: the browser must die with the thread that started it
     script = tmp_path / "hold.py"
-    script.write_text("import time\nfrom tpu_pipeline.convert import browser\n"
+    script.write_text("import time\nfrom tpu_pipeline.convert.runtimes import browser\n"
                       "s = browser.Session(webgpu=False)\nprint(s.proc.pid, flush=True)\ntime.sleep(120)\n")
     holder = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "TMPDIR": str(tmp_path)})  # the dead holder's folders stay there

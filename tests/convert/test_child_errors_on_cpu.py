@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpu_pipeline.convert import runtimes
-from tpu_pipeline.convert.runtimes import child_reason, run_micro
+from tpu_pipeline.convert.runtimes import litert as runtimes
+from tpu_pipeline.convert.runtimes.litert import child_reason, run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.errors import ConversionError
 from tpu_pipeline.testing.model_files import tiny_cnn_tflite
 
-CONVERT = Path(runtimes.__file__).parent
+CONVERT = Path(runtimes.__file__).parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_run_micro_reason_is_one_line_without_a_traceback(tiny):
 def test_gpu_worker_fails_with_one_line_and_a_status(tmp_path, tiny):
     (tmp_path / "model.tflite").write_bytes(tiny)
     paths = [str(tmp_path / n) for n in ("model.tflite", "missing-job.json", "in.npz", "out.npz", "status.json")]
-    proc = subprocess.run([sys.executable, str(CONVERT / "gpu_worker.py")], input=json.dumps(paths) + "\n",
+    proc = subprocess.run([sys.executable, str(CONVERT / "runtimes" / "gpu_worker.py")], input=json.dumps(paths) + "\n",
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
@@ -67,6 +67,6 @@ def test_gpu_worker_fails_with_one_line_and_a_status(tmp_path, tiny):
 
 
 def test_a_gpu_worker_whose_job_never_came_exits_quietly():
-    proc = subprocess.run([sys.executable, str(CONVERT / "gpu_worker.py")], input="", capture_output=True,
+    proc = subprocess.run([sys.executable, str(CONVERT / "runtimes" / "gpu_worker.py")], input="", capture_output=True,
                           text=True, timeout=120)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from tpu_pipeline.convert.browser import browser_unavailable
+from tpu_pipeline.convert.runtimes.browser import browser_unavailable
 from tpu_pipeline.testing.model_files import manifest, tiny_cnn_tflite
 
 pytestmark = [pytest.mark.slow,
@@ -78,7 +78,7 @@ def test_convert_json_under_load_is_the_report_alone_with_exit_0(tmp_path):
 SESSION_LOOP = """
 import sys
 import numpy as np
-from tpu_pipeline.convert import browser
+from tpu_pipeline.convert.runtimes import browser
 path, n = sys.argv[1], int(sys.argv[2])
 x = np.zeros((1, 1, 8, 8), np.float32)
 for _ in range(n):

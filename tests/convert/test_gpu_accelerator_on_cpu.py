@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import tpu_pipeline.convert as tc
-from tpu_pipeline.convert import browser
-from tpu_pipeline.convert.browser import browser_unavailable, run_litertjs_on
-from tpu_pipeline.convert.runtimes import gpu_environment, run_gpu
+from tpu_pipeline.convert.runtimes import browser
+from tpu_pipeline.convert.runtimes.browser import browser_unavailable, run_litertjs_on
+from tpu_pipeline.convert.runtimes.litert import gpu_environment, run_gpu
 from tpu_pipeline.convert.targets import profile_dir
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.errors import EXIT_PARITY

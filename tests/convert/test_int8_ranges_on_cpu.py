@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from tpu_pipeline.convert import convert, int8_ranges
-from tpu_pipeline.convert.quantize import quantize
-from tpu_pipeline.convert.runtimes import LitertRunner
+from tpu_pipeline.convert import convert
+from tpu_pipeline.convert.verdict import int8_ranges
+from tpu_pipeline.convert.precision.quantize import quantize
+from tpu_pipeline.convert.runtimes.litert import LitertRunner
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.testing import trained_models
 

@@ -1,6 +1,6 @@
 """Text models on the iot target: int64 token ids -> nn.Embedding -> Conv1d -> mean ->
 Linear, full-integer on the real TFLM interpreter. The embedding lookup becomes an
-int8 GATHER (convert/tflite_rewrites.py); these tests check that rewrite is exact in float,
+int8 GATHER (convert/precision/tflite_rewrites.py); these tests check that rewrite is exact in float,
 leaves other variants alone, and that the converted classifier passes iot parity
 from the CLI, from an nn.Module and from an ExportedProgram."""
 
@@ -19,11 +19,11 @@ from tpu_pipeline.cli import cli
 import tpu_pipeline.convert as tc
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.loaders import load_object
-from tpu_pipeline.convert.quantize import quantize
-from tpu_pipeline.convert.runtimes import LitertRunner
+from tpu_pipeline.convert.precision.quantize import quantize
+from tpu_pipeline.convert.runtimes.litert import LitertRunner
 from tpu_pipeline.convert.targets import load_profiles
 from tpu_pipeline.convert.tflite_info import inspect_model
-from tpu_pipeline.convert.tflite_rewrites import has_external_buffers, lookups_as_gather
+from tpu_pipeline.convert.precision.tflite_rewrites import has_external_buffers, lookups_as_gather
 from tpu_pipeline.testing.convert_models import MODULE as TEST_MODELS
 from tpu_pipeline.testing.convert_models import TextCNN
 from tpu_pipeline.testing.model_files import manifest

@@ -14,7 +14,8 @@ import torch
 from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
-from tpu_pipeline.convert import checks, load_profiles
+from tpu_pipeline.convert import load_profiles
+from tpu_pipeline.convert.verdict import checks
 from tpu_pipeline.convert.kinds import MODEL_KINDS, detection_order, register_kind
 from tpu_pipeline.convert.lm.kind import CausalLMKind
 from tpu_pipeline.convert.module.kind import ModuleKind

@@ -319,7 +319,7 @@ def test_every_lm_recipe_is_one_quantize_lm_can_make():
     # one list (targets.LM_RECIPES), checked when a profile loads without importing ai-edge-quantizer
     from ai_edge_quantizer import recipe
 
-    from tpu_pipeline.convert import quantize
+    from tpu_pipeline.convert.precision import quantize
     from tpu_pipeline.convert.targets import LM_RECIPES
 
     assert [e.name for e in LM_RECIPES.entries()] == ["float32", "float16", "dynamic_int8", "weight_only_int8",

@@ -284,7 +284,7 @@ def test_convert_hf_lm_folder_all_targets_then_generate(converted, tmp_path):
     web = report["targets"]["web"]  # web.toml's lm_precisions, each measured; a passing one ships
     assert [c["precision"] for c in web["candidates"]] == ["weight_only_int8", "float16"]
     assert web["quantization"] in {c["precision"] for c in web["candidates"] if c["passed"]}
-    from tpu_pipeline.convert.browser import browser_unavailable
+    from tpu_pipeline.convert.runtimes.browser import browser_unavailable
 
     browser = report["targets"]["web"]["parity"]["browser"]
     if browser_unavailable() is None:  # the same greedy tokens from LiteRT.js in headless Chromium

@@ -1,5 +1,5 @@
 """The ops microcontroller models use, full-integer on the real TFLM interpreter
-(convert/tflm_int8.py): REDUCE_MAX (amax, torch.max(...).values, max pooling over
+(convert/precision/tflm_int8.py): REDUCE_MAX (amax, torch.max(...).values, max pooling over
 time), GELU (erf and tanh forms), SQRT, ABS, RSQRT and LayerNorm's pattern; the
 activations LeakyReLU, PReLU, ELU, SELU, Hardswish, Hardsigmoid, SiLU, Mish,
 clamp and ReLU6 (issue 30).
@@ -18,12 +18,12 @@ import torch
 from torch import nn
 
 import tpu_pipeline.convert as tc
-from tpu_pipeline.convert import tflm_int8
+from tpu_pipeline.convert.precision import tflm_int8
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.loaders import load_object
 from tpu_pipeline.convert.module.max_pool import as_amax
-from tpu_pipeline.convert.quantize import quantize
-from tpu_pipeline.convert.runtimes import run_micro
+from tpu_pipeline.convert.precision.quantize import quantize
+from tpu_pipeline.convert.runtimes.litert import run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.testing.convert_models import TextCNN, mcu_block
 
@@ -242,7 +242,8 @@ def test_activations_run_int8_on_tflm_as_pytorch_computes_them(acts_model):
 
 def test_a_float_tensor_refusal_names_every_layer():
     """issue 30: the refusal named the first 8 layers by name (a U-Net's decoder), hiding the rest."""
-    from tpu_pipeline.convert import checks, load_profiles
+    from tpu_pipeline.convert import load_profiles
+    from tpu_pipeline.convert.verdict import checks
 
     class UNetish(nn.Module):
         def __init__(self):

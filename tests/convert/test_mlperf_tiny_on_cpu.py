@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import tpu_pipeline.convert as tc
-from tpu_pipeline.convert.runtimes import run_micro
+from tpu_pipeline.convert.runtimes.litert import run_micro
 from tpu_pipeline.convert.targets import load_profiles
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.testing import mlperf_tiny

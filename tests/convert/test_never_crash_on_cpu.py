@@ -17,7 +17,7 @@ import tpu_pipeline.convert as tc
 from tpu_pipeline.cli import cli
 from tpu_pipeline.convert import load_model
 from tpu_pipeline.convert.module.kind import ModuleKind
-from tpu_pipeline.convert.runtimes import BUILTIN_KERNELS, LitertRunner
+from tpu_pipeline.convert.runtimes.litert import BUILTIN_KERNELS, LitertRunner
 from tpu_pipeline.errors import ConversionError, PipelineError, UserError
 from tpu_pipeline.testing.model_files import manifest
 

@@ -1,4 +1,4 @@
-"""Targets in threads taking turns (convert/overlap.py) and one browser per conversion
+"""Targets in threads taking turns (convert/runtimes/overlap.py) and one browser per conversion
 (browser.session): the order of the parent's work is fixed, a stopped conversion leaves no child
 process and no files, and a browser that cannot start fails its target with the reason."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import tpu_pipeline.convert as tc
-from tpu_pipeline.convert import browser, overlap
-from tpu_pipeline.convert.browser import browser_unavailable
+from tpu_pipeline.convert.runtimes import browser, overlap
+from tpu_pipeline.convert.runtimes.browser import browser_unavailable
 from tpu_pipeline.testing.processes import descendants
 
 needs_browser = pytest.mark.skipif(browser_unavailable() is not None,

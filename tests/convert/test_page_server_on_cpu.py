@@ -1,4 +1,4 @@
-"""The web target's page server (convert/browser.py) handles its own errors: a browser that drops a
+"""The web target's page server (convert/runtimes/browser.py) handles its own errors: a browser that drops a
 connection costs a debug log line, never a traceback on stderr (it once ended a `convert --json`
 output: BrokenPipeError from a request thread), and a job whose delivery was dropped is handed out
 again; any other error in a request becomes the waiting job's failure with its reason.
@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tpu_pipeline.convert import browser
+from tpu_pipeline.convert.runtimes import browser
 from tpu_pipeline.errors import ConversionError
 
 

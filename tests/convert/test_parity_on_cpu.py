@@ -12,7 +12,7 @@ from tpu_pipeline.convert import compare, judge, load_profiles
 from tpu_pipeline.convert.module.kind import ModuleKind
 from tpu_pipeline.convert.module.loaders import load_object
 from tpu_pipeline.convert.options import ConvertOptions
-from tpu_pipeline.convert.parity import verdict
+from tpu_pipeline.convert.verdict.parity import verdict
 
 PROFILES = load_profiles()
 DESKTOP, ANDROID, WEB = PROFILES.get("desktop"), PROFILES.get("android"), PROFILES.get("web")

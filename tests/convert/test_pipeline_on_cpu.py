@@ -144,7 +144,7 @@ def test_unconvertible_op_exit_3_nothing_written(tmp_path):
 
 def test_int64_encoder_desktop_and_iot_gelu_as_int8_table(tmp_path):
     # TFLM has no GELU kernel: iot once refused this encoder at its op resolver; its GELUs are now
-    # int8 tables (convert/tflm_int8.py), named in the notes, and the int64 ids feed as int32
+    # int8 tables (convert/precision/tflm_int8.py), named in the notes, and the int64 ids feed as int32
     model = manifest("TinyEncoder", tmp_path / "model.pt")
     out = tmp_path / "dist"
     r = run(model, "--targets", "desktop,iot", "--out", out, "--samples", 4, "--no-latency")

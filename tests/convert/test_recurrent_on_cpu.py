@@ -17,7 +17,7 @@ from tpu_pipeline.convert.module.lstm_int8 import full_integer
 from tpu_pipeline.convert.module.lstm_reset import lstm_count
 from tpu_pipeline.convert.module.lstm_weights import int8_weights
 from tpu_pipeline.convert.module.recurrent import FusedLSTM, as_fused
-from tpu_pipeline.convert.runtimes import LitertRunner, run_micro
+from tpu_pipeline.convert.runtimes.litert import LitertRunner, run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.testing.recurrent_models import SequenceEncoder, sequence_task, trained
 

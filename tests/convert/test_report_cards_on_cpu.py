@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_pipeline.convert.browser import CHROMIUM_FLAGS, chromium_path
+from tpu_pipeline.convert.runtimes.browser import CHROMIUM_FLAGS, chromium_path
 from tpu_pipeline.convert.report import render_html
 
 REPORT = {

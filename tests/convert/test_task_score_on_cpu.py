@@ -15,9 +15,10 @@ import torch
 from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
-from tpu_pipeline.convert import convert, eval_data, task_score
-from tpu_pipeline.convert.browser import browser_unavailable
-from tpu_pipeline.convert.runtimes import LitertRunner, run_micro
+from tpu_pipeline.convert import convert
+from tpu_pipeline.convert.verdict import eval_data, task_score
+from tpu_pipeline.convert.runtimes.browser import browser_unavailable
+from tpu_pipeline.convert.runtimes.litert import LitertRunner, run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.testing import trained_models
@@ -324,7 +325,7 @@ def test_one_calibration_row_is_flagged_on_the_int8_parity_record(tmp_path):
 
 
 def _no_gpu():
-    from tpu_pipeline.convert.runtimes import gpu_environment
+    from tpu_pipeline.convert.runtimes.litert import gpu_environment
 
     return gpu_environment()[1]
 

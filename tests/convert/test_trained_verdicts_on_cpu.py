@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tpu_pipeline.convert import convert
-from tpu_pipeline.convert.runtimes import LitertRunner
+from tpu_pipeline.convert.runtimes.litert import LitertRunner
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.testing import trained_models
 

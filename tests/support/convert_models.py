@@ -49,7 +49,7 @@ class Unconvertible(nn.Module):
 class TextCNN(nn.Module):
     """Token ids (int64) -> nn.Embedding -> Conv1d -> ReLU -> mean (or max: pool="max") over time
     -> Linear: the text classifier the iot target must take full-integer (embedding as int8 GATHER,
-    max over time as int8 REDUCE_MAX: convert/tflm_int8.py)."""
+    max over time as int8 REDUCE_MAX: convert/precision/tflm_int8.py)."""
 
     def __init__(self, vocab: int = 2000, dim: int = 48, seq: int = 32, channels: int = 64, classes: int = 5,
                  pool: str = "mean"):

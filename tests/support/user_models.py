@@ -133,7 +133,7 @@ class Segmenter(nn.Module):
 
 
 def segmenter(steps: int = 200) -> Trained:
-    from tpu_pipeline.convert.task_score import miou
+    from tpu_pipeline.convert.verdict.task_score import miou
 
     torch.manual_seed(0)
     rng = np.random.default_rng(0)

@@ -66,7 +66,7 @@ class OutputKind:
 
 
 OUTPUT_KINDS: Registry[OutputKind] = Registry(
-    "output kind", "one @OUTPUT_KINDS.register on the kind's judge in convert/output_kinds.py, its bounds in the "
+    "output kind", "one @OUTPUT_KINDS.register on the kind's judge in convert/verdict/output_kinds.py, its bounds in the "
                    "target profiles")
 
 

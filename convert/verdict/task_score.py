@@ -4,9 +4,9 @@ with a 95% interval, and the drop each target profile bounds (`max_task_drop`).
 The metric is `metric(outputs, labels) -> float`, higher is better unless the function has an
 attribute `higher_is_better = False`: outputs is the model's one output stacked over the eval rows,
 (N, ...), or a list of them for a model with several outputs; labels are the eval data's
-`labels` (convert/eval_data.py), (N, ...). A user's metric is named `module:function` (--metric,
+`labels` (convert/verdict/eval_data.py), (N, ...). A user's metric is named `module:function` (--metric,
 as rl names a reward) or passed as a function (metric= in the Python API). Without one, a
-built-in metric scores the first output, chosen by its kind (convert/output_kinds.py):
+built-in metric scores the first output, chosen by its kind (convert/verdict/output_kinds.py):
 
 - class scores and probabilities, with integer labels (N,) in [0, C): accuracy (argmax over the
   last axis), Wilson interval;
@@ -42,7 +42,7 @@ from typing import Callable
 import numpy as np
 
 from tpu_pipeline.stats import wilson
-from tpu_pipeline.convert import output_kinds
+from tpu_pipeline.convert.verdict import output_kinds
 from tpu_pipeline.convert.tool_output import first_line
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.user_code import load_function

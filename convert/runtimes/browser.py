@@ -44,10 +44,10 @@ from typing import Iterator
 
 import numpy as np
 
-from tpu_pipeline.convert import overlap
+from tpu_pipeline.convert.runtimes import overlap
 from tpu_pipeline.errors import ConversionError
 
-WEB_DIR = Path(__file__).parent / "web"
+WEB_DIR = Path(__file__).parents[1] / "web"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # Flags for a root, offline, headless box: no sandbox (root), no GPU, no
 # background connections that this machine's closed network would refuse.

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tpu_pipeline.convert import output_kinds
-from tpu_pipeline.convert.runtimes import LitertRunner
+from tpu_pipeline.convert.verdict import output_kinds
+from tpu_pipeline.convert.runtimes.litert import LitertRunner
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo, module_path, op_module
 

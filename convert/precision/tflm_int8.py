@@ -542,4 +542,4 @@ def _note(op: str) -> str:
 
 def notes(model: bytes) -> list[str]:
     """One report note per rewritten op kind (the rewrite named, with its count and why)."""
-    return [f"static int8 for TFLM: {n} {_note(op)} (convert/tflm_int8.py)" for op, n in sorted(rewrites(model).items())]
+    return [f"static int8 for TFLM: {n} {_note(op)} (convert/precision/tflm_int8.py)" for op, n in sorted(rewrites(model).items())]

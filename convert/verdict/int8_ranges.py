@@ -21,7 +21,7 @@ from typing import Iterable
 
 import numpy as np
 
-from tpu_pipeline.convert.runtimes import LitertRunner
+from tpu_pipeline.convert.runtimes.litert import LitertRunner
 from tpu_pipeline.convert.tflite_info import ModelInfo, inspect_model, module_path
 
 QUANTIZED = ("int8", "uint8", "int16")

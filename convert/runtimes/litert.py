@@ -27,7 +27,7 @@ from typing import Iterator
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-from tpu_pipeline.convert import overlap
+from tpu_pipeline.convert.runtimes import overlap
 from tpu_pipeline.convert.tflite_info import IOTensor, ModelInfo
 from tpu_pipeline.errors import ConversionError
 
@@ -124,7 +124,7 @@ def _first(e: BaseException) -> str:
 
 def run_micro(model: bytes, info: ModelInfo, samples: list[Sample], arena_bytes: int) -> list[list[np.ndarray]]:
     """All samples through TFLM in one child process; a crash becomes a ConversionError."""
-    worker = Path(__file__).parent / "iot" / "_micro_worker.py"  # by file: the child needs none of tpu_pipeline
+    worker = Path(__file__).parents[1] / "iot" / "_micro_worker.py"  # by file: the child needs none of tpu_pipeline
     with tempfile.TemporaryDirectory(prefix="tpu-pipeline-tflm-") as d:
         d = Path(d)
         (d / "model.tflite").write_bytes(model)
