@@ -32,7 +32,7 @@ import torch
 
 from tpu_pipeline import files
 from tpu_pipeline.convert.runtimes import browser, overlap
-from tpu_pipeline.convert.verdict import checks, int8_ranges, output_kinds, task_score
+from tpu_pipeline.convert.verdict import checks, int8_ranges, layer_errors, output_kinds, task_score
 from tpu_pipeline.convert.iot.firmware import measure_arena, suggested_arena, write_c_array
 from tpu_pipeline.convert.kinds import ModelKind, Progress, detection_order
 from tpu_pipeline.convert.lm import kind as _lm_kind  # noqa: F401 - registers CausalLMKind (see model_kind)
@@ -456,6 +456,11 @@ def _refine(prof: TargetProfile, failed: TargetResult, run: _Run) -> TargetResul
                "latency_ms_before": failed.latency, "latency_ms_after": cur.latency}
     if cur.passed:
         cur.kept_float = summary
+        loc = (failed.parity or {}).get("first_divergence")
+        overlay = layer_errors.overlay(loc, failed.info) if loc and failed.info else None
+        if overlay:  # the layers that lost precision, measured before they were kept in float32
+            cur.layer_errors = {"overlay": overlay, "measured_on": f"{failed.quantization}, before keeping "
+                                f"{', '.join(summary['layers'])} in float32"}
         cur.candidates, cur.chosen_because = failed.candidates, (
             f"{failed.quantization} missed its bound; passes with {', '.join(summary['layers'])} kept in float32 "
             f"(+{summary['bytes_added']} bytes)")
@@ -691,7 +696,23 @@ def _write_target(prof: TargetProfile, r: TargetResult, model: ModelKind, stage:
     snippet = write_snippet(prof.app_snippet, model_json, sub, out.name) if app else None
     if snippet:
         r.app_snippet = model_json["app_snippet"] = str(out / prof.name / snippet.name)
+    _write_layer_errors(r, sub, out / rel, model_json)
     files.atomic_write_json(sub / "model.json", model_json)
+
+
+def _write_layer_errors(r: TargetResult, sub: Path, where: Path, model_json: dict) -> None:
+    """A failing or precision-losing target: the per-layer error its localization measured, as a Model
+    Explorer overlay beside the artifact (verdict/layer_errors.py), named in model.json and report.json."""
+    loc = (r.parity or {}).get("first_divergence")
+    if r.layer_errors is None and loc and r.info is not None:
+        overlay = layer_errors.overlay(loc, r.info)
+        r.layer_errors = {"overlay": overlay, "measured_on": f"this artifact ({r.quantization})"} if overlay else None
+    if r.layer_errors is None:
+        return
+    files.atomic_write_json(sub / layer_errors.FILE, r.layer_errors["overlay"])
+    r.layer_errors.update(file=str(where / layer_errors.FILE),
+                          view=layer_errors.command(str(where / "model.tflite"), str(where / layer_errors.FILE)))
+    model_json["layer_errors"] = {k: v for k, v in r.layer_errors.items() if k != "overlay"}
 
 
 def _firmware(prof: TargetProfile, r: TargetResult, sub: Path, say: Progress) -> None:

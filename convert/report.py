@@ -345,6 +345,8 @@ def render_html(report: dict) -> str:
         loc = p.get("first_divergence")
         if loc:
             problems += f"<br><b>first diverging layer: {e(loc['module'])}</b> ({e(loc['op'])}, rel. error {loc['rel_err']:.3g})"
+        if t.get("layer_errors"):  # the same per-layer error, drawn on the graph (verdict/layer_errors.py)
+            problems += f"<br>every layer's error in Model Explorer: <code>{e(t['layer_errors']['view'])}</code>"
         status = "pass" if t["passed"] else "FAIL"
         rows.append(f"<tr class='{status.lower()}'><td>{e(name)}</td><td>{status}</td><td>{e(t.get('quantization', ''))}</td>"
                     f"<td>{t.get('size_bytes') or '-'}</td><td>{e(t.get('runtime', ''))}</td><td>{figs}</td>"

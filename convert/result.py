@@ -63,6 +63,8 @@ class TargetResult:
     chosen_because: str | None = None    # why this precision won
     kept_float: dict | None = None       # accuracy-aware rounds: layers kept in float32 and what it cost
     int8_repairs: dict | None = None     # accuracy-aware rounds: clipped int8 ranges, each repair tried and its cost
+    layer_errors: dict | None = None     # per-layer error as a Model Explorer overlay (verdict/layer_errors.py):
+                                         # {"overlay", "measured_on"}; "file" and "view" once written
     artifact: Artifact | None = None     # the bytes written to the target folder
     info: ModelInfo | None = None
 
@@ -105,9 +107,17 @@ class TargetResult:
         optional = {"compatibility": self.compatibility, "failure": self.failure, "artifact": self.artifact_path,
                     "sha256": self.sha256, "app_snippet": self.app_snippet, "firmware": self.firmware,
                     "candidates": self.candidates, "chosen_because": self.chosen_because,
-                    "kept_float": self.kept_float, "int8_repairs": self.int8_repairs}
+                    "kept_float": self.kept_float, "int8_repairs": self.int8_repairs,
+                    "layer_errors": _written(self.layer_errors)}
         d.update({k: v for k, v in optional.items() if v is not None})
         return d
+
+
+def _written(layer_errors: dict | None) -> dict | None:
+    """report.json names the overlay's file and how to view it; the overlay itself is that file."""
+    if not layer_errors or "file" not in layer_errors:
+        return None
+    return {k: v for k, v in layer_errors.items() if k != "overlay"}
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -14,6 +14,7 @@ import tpu_pipeline.convert as tc
 from tpu_pipeline.convert import ConvertResult, TargetResult
 from tpu_pipeline.errors import ParityError, UserError
 from tpu_pipeline.testing.convert_models import PlantedMismatchCNN
+from tpu_pipeline.testing.explorer import explorer_nodes
 from tpu_pipeline.testing.reference_models import DepthwiseCNN
 
 pytestmark = pytest.mark.slow
@@ -201,3 +202,33 @@ def test_accuracy_aware_quantization_keeps_the_hostile_layer_in_float(tmp_path):
     assert report["targets"]["web"]["kept_float"]["layers"] == ["fc2"]
     page = (tmp_path / "on" / "report.html").read_text()
     assert "layers kept in float32: fc2 (passes; +" in page and "chosen: dynamic_int8 missed its bound" in page
+    # where the numbers went wrong, as Model Explorer overlays: on the failing artifact, and on the shipped
+    # one for the layers that lost precision before fc2 was kept in float32
+    _assert_overlay(tmp_path / "off" / "web" / "failed", "fc2", "this artifact (dynamic_int8)")
+    _assert_overlay(tmp_path / "on" / "web", "fc2", "dynamic_int8, before keeping fc2 in float32")
+    assert report["targets"]["web"]["layer_errors"]["file"] == str(tmp_path / "on" / "web" / "layer_errors.json")
+    assert "every layer's error in Model Explorer: <code>model-explorer " in page
+
+
+def _assert_overlay(folder: Path, worst: str, measured_on: str) -> None:
+    from model_explorer.node_data_builder import GraphNodeData, NodeDataResult, ThresholdItem
+
+    data = json.loads((folder / "layer_errors.json").read_text())
+    meta = json.loads((folder / "model.json").read_text())["layer_errors"]
+    assert meta["measured_on"] == measured_on
+    assert meta["view"] == (f"model-explorer {folder / 'model.tflite'} --node_data_paths "
+                            f"{folder / 'layer_errors.json'}")
+    # Model Explorer's own node-data types take the file as it is
+    built = GraphNodeData(results={k: NodeDataResult(**v) for k, v in data["results"].items()},
+                          thresholds=[ThresholdItem(**x) for x in data["thresholds"]])
+    assert set(data) == {"results", "thresholds"}  # an unknown field would have raised above
+    assert {k: v for k, v in json.loads(built.to_json_string()).items() if k in data} == data
+    # every key is an op node of the artifact beside it, and the blamed layer is the one past the threshold
+    nodes = explorer_nodes(folder / "model.tflite")
+    assert data["results"] and set(data["results"]) <= set(nodes), set(data["results"]) - set(nodes)
+    green, yellow = data["thresholds"][0]["value"], data["thresholds"][1]["value"]
+    values = list(data["results"].items())  # in execution order
+    first_red = next(k for k, v in values if v["value"] > yellow)
+    assert f"Linear_{worst};" in first_red, (first_red, worst)
+    assert values[0][1]["value"] <= green and "Linear_fc1;" in values[0][0]  # fc1 matched: green
+    assert [nodes[k] for k in data["results"]] == ["fully_connected"] * len(data["results"])

@@ -17,6 +17,7 @@ import tpu_pipeline.convert as tc
 import tpu_pipeline.convert.module.kind as module_kind
 from tpu_pipeline.convert.module.loaders import load_model
 from tpu_pipeline.testing import zoo
+from tpu_pipeline.testing.explorer import explorer_nodes
 from tpu_pipeline.testing.reference_models import DepthwiseCNN
 
 pytestmark = pytest.mark.slow
@@ -54,6 +55,14 @@ def test_planted_error_in_exported_program_is_localized(tmp_path, monkeypatch):
     assert android.errors[0].startswith("conversion error: the float32 export does not match PyTorch")
     report = json.loads((tmp_path / "d" / "report.json").read_text())
     assert report["float_export"]["passed"] is False and report["exit_code"] == 4
+    # the layers coloured by that error, beside the failed artifact, for Model Explorer
+    failed = tmp_path / "d" / "desktop" / "failed"
+    overlay = json.loads((failed / "layer_errors.json").read_text())["results"]
+    nodes = explorer_nodes(failed / "model.tflite")
+    assert set(overlay) <= set(nodes) and len(overlay) == len(loc["layers"])
+    red = [k for k, v in overlay.items() if v["value"] > loc["threshold"]]
+    assert red and nodes[red[0]] == "conv_2d" and abs(overlay[red[0]]["value"] - loc["rel_err"]) < 1e-12
+    assert report["targets"]["desktop"]["layer_errors"]["measured_on"] == "this artifact (float32)"
 
 
 def test_hf_model_output_archive_loads_and_converts(tmp_path):
