@@ -19,7 +19,7 @@ WEB_STAMP := $(WEB)/node_modules/.installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -c constraints.txt -e '.[test,docs]'
+	$(BIN)/python -m pip install -c constraints.txt -e '.[test,docs,npu]'
 	touch $(STAMP)
 
 # `rl --engine verl` on CPU: VeRL's trainer process runs from its own venv, with pyproject's verl-cpu

@@ -276,6 +276,34 @@ def _todo(name: str, t: dict) -> str:
     return "see the details below"
 
 
+def _npu(t: dict) -> str:
+    """android-npu, per SoC: what the NPU took (first), then what the HTP simulator said and which QNN ran it."""
+    npu, e, lines = t.get("npu"), html.escape, []
+    if not npu:
+        return ""
+    for soc, f in npu.get("socs", {}).items():
+        if "ops_total" not in f:
+            lines.append(f"{e(soc)}: <b>not compiled</b> ({e('; '.join(f.get('reasons') or []))})")
+            continue
+        cpu = f.get("cpu_ops", {}).get("by_op") or {}
+        line = (f"{e(soc)}: {f['ops_on_npu']}/{f['ops_total']} ops on the NPU, {f['partitions']} partition(s), "
+                f"{f['size_bytes']:,} bytes" + (f"; on the CPU: {e(', '.join(f'{k} x{n}' for k, n in cpu.items()))}"
+                                                 if cpu else ""))
+        sim = f.get("simulator")
+        if not sim or not sim.get("ran"):
+            line += f"; HTP simulator: <b>not run</b> ({e('; '.join(f.get('reasons') or ['refused before it']))})"
+        else:
+            cos = [m.get("cosine_mean", m.get("cosine")) for m in sim["vs_pytorch"].values()]
+            lsb = [v["max_lsb"] for v in sim["vs_xnnpack"].values() if "max_lsb" in v]
+            line += (f"; HTP simulator: {'pass' if sim['passed'] else '<b>FAIL</b>'} on {sim['rows']} rows"
+                     + (" (stitched with the CPU ops)" if sim.get("stitched") else "")
+                     + (f", cosine vs PyTorch {min(cos):.6f}" if cos and None not in cos else "")
+                     + (f", vs XNNPACK {max(lsb):.3g} LSB" if lsb else
+                        f", vs XNNPACK max_abs {max(v['max_abs'] for v in sim['vs_xnnpack'].values()):.3g}"))
+        lines.append(line)
+    return f"NPU (Qualcomm QNN {e(str(npu.get('qnn_version')))}):<br>" + "<br>".join(lines)
+
+
 def _cards(report: dict) -> str:
     """The answer first: a card per target."""
     e, cards = html.escape, []
@@ -306,6 +334,7 @@ def _cards(report: dict) -> str:
             f"<h3>{e(name)}: {'ships' if ok else 'refused'}</h3>"
             f"<p class='facts'>{e(t.get('quantization') or '-')} &middot; "
             f"{f'{size:,} bytes' if isinstance(size, int) else 'no artifact'} &middot; {e(lat_s)}<br>{task_s}</p>"
+            + (f"<p class='npu'>{npu}</p>" if (npu := _npu(t)) else "") +
             f"<p class='why'><b>why:</b> {e(_why(t))}</p>"
             f"<p class='todo'><b>what to do:</b> {e(_todo(name, t))}</p></div>")
     return f"<div class='cards'>{''.join(cards)}</div>"
@@ -351,6 +380,8 @@ def render_html(report: dict) -> str:
         rows.append(f"<tr class='{status.lower()}'><td>{e(name)}</td><td>{status}</td><td>{e(t.get('quantization', ''))}</td>"
                     f"<td>{t.get('size_bytes') or '-'}</td><td>{e(t.get('runtime', ''))}</td><td>{figs}</td>"
                     f"<td>{lat_s}</td><td>{problems}</td></tr>")
+        if t.get("npu"):
+            rows.append(f"<tr><td></td><td colspan='7'>{_npu(t)}</td></tr>")
         choice = _choice(t)
         if choice:
             rows.append(f"<tr><td></td><td colspan='7'>{choice}</td></tr>")

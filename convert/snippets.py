@@ -16,7 +16,8 @@ import string
 from pathlib import Path
 
 TEMPLATES = Path(__file__).parent / "snippets"
-SNIPPET_FILES = {"kotlin": ("android.kt.tmpl", "ModelRunner.kt"), "swift": ("ios.swift.tmpl", "ModelRunner.swift")}
+SNIPPET_FILES = {"kotlin": ("android.kt.tmpl", "ModelRunner.kt"), "swift": ("ios.swift.tmpl", "ModelRunner.swift"),
+                 "kotlin-npu": ("android_npu.kt.tmpl", "ModelRunner.kt")}  # android-npu: NPU, then GPU, then CPU
 LM_SNIPPET_FILES = {"kotlin": ("android_lm.kt.tmpl", "LlmRunner.kt"), "swift": ("ios_lm.swift.tmpl", "LlmRunner.swift")}
 # dtype -> (Kotlin array, TensorBuffer write, read) and (Swift element type)
 KOTLIN = {"float32": ("FloatArray", "writeFloat", "readFloat"), "int32": ("IntArray", "writeInt", "readInt"),
@@ -41,7 +42,7 @@ def render(language: str, model_json: dict, model_name: str) -> str:
     ins, outs = model_json["inputs"], model_json["outputs"]
     names = [_ident(t["name"], i) for i, t in enumerate(ins)]
     docs = [_doc("//", "input", t) for t in ins] + [_doc("//", "output", t) for t in outs]
-    if language == "kotlin":
+    if language.startswith("kotlin"):
         params = ", ".join(f"{n}: {KOTLIN[t['dtype']][0]}" for n, t in zip(names, ins))
         writes = "\n".join(f"        require({n}.size == {math.prod(t['shape'])})\n"
                            f"        inputs[{i}].{KOTLIN[t['dtype']][1]}({n})"

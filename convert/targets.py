@@ -93,7 +93,16 @@ class TargetProfile:
     gpu_accelerator: Literal["off", "try", "require"] = "off"
     webgpu: Literal["off", "try", "require"] = "off"
     firmware: bool = False                  # write model_data.cc/.h and the measured TFLM arena
-    app_snippet: Literal["", "kotlin", "swift"] = ""  # loader snippet written next to the artifact
+    # shape buckets (--shapes/--dynamic, convert/shapes.py): a bucket that fails fails the target
+    # ("fail"), or the target ships the buckets that pass and names the one left out ("drop")
+    bucket_failure: Literal["fail", "drop"] = "fail"
+    app_snippet: Literal["", "kotlin", "kotlin-npu", "swift"] = ""  # loader snippet written next to the artifact
+    # android-npu (convert/npu/): the variant that passed is compiled per SoC (LiteRT AOT) and each
+    # compiled model checked on Qualcomm's HTP simulator; [] = no NPU step
+    npu_socs: list[str] = dataclasses.field(default_factory=list)
+    min_npu_ops_share: float = 0.0  # refuse when the NPU takes fewer than this share of the ops
+    npu_simulator_rows: int = 0     # parity rows run on the HTP simulator per SoC (0: all)
+    in_all: bool = True  # part of `--targets all` (false: only when named)
     order: int = 100  # position in reports and `--targets all`, lowest first (ties: by name)
     name: str = ""  # filled from the file name
 
@@ -131,6 +140,6 @@ def resolve_targets(spec: str, profiles: Registry[TargetProfile]) -> list[Target
     if not names:
         raise UserError("--targets is empty; use all or a comma list of " + ", ".join(profiles.names()))
     if names == ["all"]:
-        names = profiles.names()
+        names = [n for n in profiles.names() if profiles.get(n).in_all]
     chosen = [profiles.get(n) for n in dict.fromkeys(names)]
     return sorted(chosen, key=lambda p: (p.order, p.name))

@@ -395,6 +395,13 @@ class ModuleKind(ModelKind):
                                                  self.output_names)
         return self._f16
 
+    def judge_elsewhere(self, prof: TargetProfile, o: ConvertOptions, art: Artifact, info: ModelInfo):
+        """(judge, the CPU run's outputs) for the same artifact run elsewhere (android-npu's HTP
+        simulator): judged as the GPU accelerator's rows are, by this target's bounds against PyTorch,
+        or with labels against the CPU run whose task score decided."""
+        got = self._run_xnnpack(art.model, info)
+        return self._judge(prof, o, art, against=got if self.task else None), got
+
     def _run_xnnpack(self, model: bytes, info: ModelInfo) -> list:
         hit = self._xnnpack.get(id(model))
         if hit is None or hit[0] is not model:

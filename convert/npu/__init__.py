@@ -1,0 +1,1 @@
+"""android-npu: LiteRT ahead-of-time compile for phone NPUs, checked on Qualcomm's HTP simulator."""
