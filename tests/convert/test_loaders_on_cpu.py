@@ -156,11 +156,13 @@ def test_input_shape_parsing():
 
 def test_target_profiles_are_data():
     profiles = load_profiles()
-    assert profiles.names() == ["android", "desktop", "ios", "iot", "web"]
+    assert profiles.names() == ["android", "android-npu", "desktop", "ios", "iot", "web"]
     iot = profiles.get("iot")
     assert iot.precision == "static_int8" and iot.runtime == "tflite-micro" and "CONV_2D" in iot.allowed_ops
+    # android-npu opts out of `all` (in_all = false: it needs the [npu] extra); named, it is there
     assert [p.name for p in resolve_targets("all", profiles)] == ["android", "ios", "desktop", "web", "iot"]
-    with pytest.raises(UserError, match="valid: android, desktop, ios, iot, web"):
+    assert [p.name for p in resolve_targets("android-npu,android", profiles)] == ["android", "android-npu"]
+    with pytest.raises(UserError, match="valid: android, android-npu, desktop, ios, iot, web"):
         resolve_targets("android,phone", profiles)
 
 
@@ -174,7 +176,7 @@ def test_targets_are_ordered_by_their_files_order_field(tmp_path):
             text = text.replace("\norder = 50 ", "\norder = 5 ")
         (tmp_path / f.name).write_text(text)
     profiles = load_profiles(tmp_path)
-    assert [e.name for e in profiles.entries()] == ["iot", "android", "ios", "desktop", "web"]
+    assert [e.name for e in profiles.entries()] == ["iot", "android", "android-npu", "ios", "desktop", "web"]
     assert [p.name for p in resolve_targets("web,iot,desktop", profiles)] == ["iot", "desktop", "web"]
 
 
