@@ -104,3 +104,15 @@ def test_console_script_in_subprocess(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert "Traceback" not in bad.stderr and bad.stderr.strip().count("\n") == 0
+
+
+def test_debug_shows_the_tools_own_debug_lines(tmp_path):
+    # what the page server and the child processes log at debug level (a dropped connection) shows
+    # with --debug only; a normal run stays quiet
+    code = ("import logging, sys\nfrom tpu_pipeline.cli import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit:\n    pass\n"
+            "logging.getLogger('tpu_pipeline.convert.runtimes.browser').debug('page server: probe')\n")
+    runs = {flag: subprocess.run([sys.executable, "-c", code, *flag, "--version"], cwd=tmp_path, capture_output=True,
+                                 text=True, timeout=120) for flag in ((), ("--debug",))}
+    assert "DEBUG tpu_pipeline.convert.runtimes.browser: page server: probe" in runs[("--debug",)].stderr
+    assert "probe" not in runs[()].stderr and all(r.returncode == 0 for r in runs.values())

@@ -11,6 +11,7 @@ traceback is shown only with `--debug` or TPU_PIPELINE_DEBUG=1.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import pkgutil
 import sys
@@ -56,7 +57,7 @@ def debug_enabled(ctx: click.Context | None = None) -> bool:
 
 @click.group(cls=PipelineGroup, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, "--version", prog_name="tpu-pipeline")
-@click.option("--debug", is_flag=True, help="Show full tracebacks on errors, and the libraries' own warnings.")
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors, the libraries' own warnings and the tool's debug log.")
 def cli(debug: bool) -> None:
     """Train PyTorch models on TPU/GPU/CPU, improve them with GRPO, ship them as LiteRT."""
 
@@ -65,6 +66,10 @@ def main(argv: list[str] | None = None) -> None:
     args = argv if argv is not None else sys.argv[1:]
     if not (os.environ.get("TPU_PIPELINE_DEBUG") == "1" or "--debug" in args):
         quiet()  # the libraries' own warnings only with --debug (quiet.py says which and why)
+    else:
+        # and the tool's own debug lines: the page server's dropped connections, child processes
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+        logging.getLogger("tpu_pipeline").setLevel(logging.DEBUG)
     cli.main(args=args, prog_name="tpu-pipeline")
 
 
