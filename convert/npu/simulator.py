@@ -16,6 +16,7 @@ buffers and op codes, only those ops), on the same interpreter the android targe
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import flatbuffers
@@ -181,20 +182,21 @@ class HtpSimulator:
         return [from_artifact(y, t) for y, t in zip(raw, self.outputs)]
 
 
-_DEVICES = None
+_DEVICES: list = []
+_LOCK = threading.Lock()
 
 
-def _qnn_devices():
-    """onnxruntime's QNN devices, the plugin EP registered once per process."""
-    global _DEVICES
-    if _DEVICES is None:
-        import onnxruntime as ort
-        import onnxruntime_qnn
+def _qnn_devices() -> list:
+    """onnxruntime's QNN devices, the plugin EP registered once per process (targets run in threads)."""
+    import onnxruntime as ort
+    import onnxruntime_qnn
 
-        if not any(d.ep_name == "QNNExecutionProvider" for d in ort.get_ep_devices()):
-            ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
-        _DEVICES = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+    with _LOCK:
+        if not _DEVICES:
+            if not any(d.ep_name == "QNNExecutionProvider" for d in ort.get_ep_devices()):
+                ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
+            _DEVICES.extend(d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider")
         if not _DEVICES:
             raise ConversionError("onnxruntime's QNN execution provider lists no device: the HTP simulator is "
                                   "not available")
-    return _DEVICES
+        return _DEVICES

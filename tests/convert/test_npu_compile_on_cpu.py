@@ -182,3 +182,11 @@ def test_without_the_extra_the_refusal_names_it(monkeypatch):
     with pytest.raises(UserError, match=r"pip install 'tpu-pipeline\[npu\]'") as e:
         qnn_libs.require()
     assert "\n" not in str(e.value)
+
+
+def test_a_qnn_sdk_of_ones_own_is_used_as_it_is_and_checked(tmp_path, monkeypatch, libs):
+    monkeypatch.setenv(qnn_libs.SDK_ENV, str(tmp_path))
+    with pytest.raises(UserError, match="libQnnHtp.so, libQnnIr.so, libQnnSaver.so, libQnnSystem.so not found"):
+        qnn_libs.require()
+    monkeypatch.setenv(qnn_libs.SDK_ENV, str(libs.lib_dir))
+    assert qnn_libs.require().lib_dir == libs.lib_dir
