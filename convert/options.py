@@ -15,6 +15,9 @@ class ConvertOptions:
     targets: str = "all"                 # all or a comma list of target names
     out: str | Path | None = None        # default dist/<model stem>/
     input_shapes: tuple[str, ...] = ()   # --input-shape, one per input
+    shapes: tuple[str, ...] = ()         # --shapes NAME=SHAPE,SHAPE..: one signature (bucket) per shape (convert/shapes.py)
+    dynamic: tuple[str, ...] = ()        # --dynamic NAME:AXIS=LO..HI (powers of two) or NAME:AXIS=A,B,C: the buckets
+    pad: tuple[str, ...] = ()            # --pad NAME=zeros|none|length:INPUT|mask:INPUT: how a row fills its bucket
     model_class: str | None = None
     model_kwargs: str | None = None
     trust_pickle: bool = False
@@ -46,7 +49,7 @@ class ConvertOptions:
 
 
 # ConvertOptions field -> the CLI flag users know it by
-FLAGS = {"input_shapes": "--input-shape", "model_class": "--model-class", "model_kwargs": "--model-kwargs",
+FLAGS = {"input_shapes": "--input-shape", "shapes": "--shapes", "dynamic": "--dynamic", "pad": "--pad", "model_class": "--model-class", "model_kwargs": "--model-kwargs",
          "trust_pickle": "--trust-pickle", "calib": "--calib", "eval_data": "--eval-data", "prompts": "--prompts",
          "lm_max_len": "--max-len", "lm_prefill_len": "--prefill-len", "latency": "--no-latency",
          "refine_rounds": "--refine-rounds", "output_kinds": "--output-kind",

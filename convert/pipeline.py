@@ -37,11 +37,12 @@ from tpu_pipeline.convert.iot.firmware import measure_arena, suggested_arena, wr
 from tpu_pipeline.convert.kinds import ModelKind, Progress, detection_order
 from tpu_pipeline.convert.lm import kind as _lm_kind  # noqa: F401 - registers CausalLMKind (see model_kind)
 from tpu_pipeline.convert.module.kind import ModuleKind
-from tpu_pipeline.convert.module.loaders import load_object
+from tpu_pipeline.convert.module.loaders import load_model, load_object
 from tpu_pipeline.convert.options import FLAGS, ConvertOptions
 from tpu_pipeline.convert.precision.quantize import RANGE_ESTIMATORS, quantize
 from tpu_pipeline.convert.report import render_html
 from tpu_pipeline.convert.result import Artifact, ConvertResult, Parity, TargetResult
+from tpu_pipeline.convert import shapes
 from tpu_pipeline.convert.runtimes.litert import gpu_worker_ahead
 from tpu_pipeline.convert.snippets import write_snippet
 from tpu_pipeline.convert.targets import TargetProfile, load_profiles, resolve_targets
@@ -168,6 +169,10 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
 def _convert(kind: type[ModelKind], model, sample_args, o: ConvertOptions, label: str, model_path: Path | None,
              out_dir: Path, wanted: list[TargetProfile], skipped: dict, rng: np.random.Generator, say: Progress,
              t0: float) -> ConvertResult:
+    if shapes.wanted(o):
+        return _convert_buckets(model, sample_args, o, label, model_path, out_dir, wanted, skipped, rng, say, t0)
+    if o.pad:
+        raise UserError("--pad says how a row fills a shape bucket: give the buckets with --shapes or --dynamic")
     if model_path is None:
         loaded = ModuleKind.from_loaded(load_object(model, sample_args), o, rng)
     else:
@@ -201,6 +206,32 @@ def _convert(kind: type[ModelKind], model, sample_args, o: ConvertOptions, label
         files.atomic_write_text(stage / "report.html", html)
     report["out"] = str(out_dir)
     return result
+
+
+def _convert_buckets(model, sample_args, o: ConvertOptions, label: str, model_path: Path | None, out_dir: Path,
+                     wanted: list[TargetProfile], skipped: dict, rng: np.random.Generator, say: Progress,
+                     t0: float) -> ConvertResult:
+    """--shapes/--dynamic (shapes.py): the per-target steps below, once per shape bucket."""
+    if model_path is not None and not issubclass(model_kind(model_path), ModuleKind):
+        raise UserError("--shapes/--dynamic apply to nn.Module models (a causal-LM folder is exported decode-ready "
+                        "with its own prefill and decode signatures)")
+    m = load_object(model, sample_args) if model_path is None else load_model(
+        model_path, input_shapes=list(o.input_shapes), model_class=o.model_class, model_kwargs=o.model_kwargs,
+        trust_pickle=o.trust_pickle)
+    gate_prof = _gate_profile(wanted, load_profiles(o.profile_dir))
+
+    def run_bucket(loaded: ModuleKind, profiles: list[TargetProfile], work: Path):
+        work.mkdir(parents=True, exist_ok=True)
+        t_exp = time.perf_counter()
+        float_model = loaded.export_float(work, say)
+        export_s = time.perf_counter() - t_exp
+        warned = loaded.prepare(profiles, float_model, rng)
+        run = _Run(model=loaded, float_model=float_model, o=o, work=work, say=say)
+        gate = _float_gate(run, gate_prof)
+        return _targets(profiles, run, gate), lambda again: _targets(again, run, gate), export_s, warned
+
+    return shapes.convert_buckets(m, o, label, out_dir, wanted, skipped, rng, say, t0, run_bucket=run_bucket,
+                                  html=_html, versions=_versions)
 
 
 def _check_out(out_dir: Path) -> None:

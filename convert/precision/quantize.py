@@ -42,7 +42,8 @@ RANGE_ESTIMATORS = {
 }
 
 
-def quantize(float_model: bytes, precision: str, calibration: list[dict[str, np.ndarray]] | None = None,
+def quantize(float_model: bytes, precision: str,
+             calibration: list[dict[str, np.ndarray]] | dict[str, list[dict[str, np.ndarray]]] | None = None,
              signature: str = "serving_default", keep_float: Sequence[str] = (),
              range_estimator: str = "moving_average") -> bytes:
     """keep_float: op scopes (an op's output tensor names, as ai-edge-quantizer matches them)
@@ -63,7 +64,9 @@ def quantize(float_model: bytes, precision: str, calibration: list[dict[str, np.
             q = quantizer.Quantizer(bytearray(float_model), rec)
             result = None
             if q.need_calibration:
-                result = q.calibrate({signature: calibration or []}, num_threads=2)
+                # a dict: rows per signature (shape buckets, convert/shapes.py), each keyed by its input names
+                rows = calibration if isinstance(calibration, dict) else {signature: calibration or []}
+                result = q.calibrate(rows, num_threads=2)
                 if range_estimator == "min_max":
                     result = _widen_to_min_max(result, float_model, calibration or [])
             model = bytes(q.quantize(result, enable_progress_report=False).quantized_model)

@@ -34,7 +34,7 @@ class InputSpec:
     """What one model input takes: its name, its shape (batch 1) and its numpy dtype name."""
 
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # -1: any length along that axis (a samples folder's rows may differ)
     dtype: str
 
 
@@ -58,7 +58,7 @@ def read(path: str | Path, inputs: list[InputSpec], flag: str) -> EvalData:
         if key is None:
             raise UserError(f"{flag} {p}: no array for input {spec.name!r} (keys: {', '.join(data.files)})")
         arr = _member(data, key, p, flag)
-        if tuple(arr.shape[1:]) != spec.shape[1:]:
+        if not _fits(arr.shape[1:], spec.shape[1:]):
             raise UserError(f"{flag} {p}: array {key!r} has shape {list(arr.shape)}; expected (N, "
                             f"{', '.join(map(str, spec.shape[1:]))})")
         arrays.append(_numbers(arr, spec, f"{flag} {p}: array {key!r}"))
@@ -136,11 +136,16 @@ def _sample(arr: np.ndarray, spec: InputSpec, where: str) -> np.ndarray:
     """One sample file's array for one input, with its batch axis of 1 (added when it is missing)."""
     if not isinstance(arr, np.ndarray):
         raise UserError(f"{where}: not a .npy array")
-    if tuple(arr.shape) == spec.shape[1:]:
+    if _fits(arr.shape, spec.shape[1:]):
         arr = arr[None]
-    if tuple(arr.shape) != spec.shape:
+    if not _fits(arr.shape, spec.shape):
         raise UserError(f"{where}: shape {list(arr.shape)}; expected {list(spec.shape)} or {list(spec.shape[1:])}")
     return _numbers(arr, spec, where)
+
+
+def _fits(shape, spec_shape) -> bool:
+    """A -1 in the spec takes any length (inputs of several shapes: convert/shapes.py)."""
+    return len(shape) == len(spec_shape) and all(d == s or s == -1 for d, s in zip(shape, spec_shape))
 
 
 def _read_labels(path: Path, names: list[str], flag: str) -> np.ndarray:

@@ -20,6 +20,13 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
 @click.option("--out", type=click.Path(), default=None, help="Output folder [default: dist/<model stem>/].")
 @click.option("--input-shape", "input_shapes", multiple=True,
               help="1,3,224,224[:float32] per input, in forward() order (repeat for several inputs).")
+@click.option("--shapes", "shapes", multiple=True, metavar="NAME=SHAPE,SHAPE",
+              help="Shape buckets of input NAME, like x=1x16000,1x32000: a signature per bucket, each checked "
+                   "(repeat per input; docs/convert/shapes.md).")
+@click.option("--dynamic", "dynamic", multiple=True, metavar="NAME:AXIS=LO..HI",
+              help="Buckets along one axis: LO..HI in powers of two (HI last), or a list A,B,C.")
+@click.option("--pad", "pad", multiple=True, metavar="NAME=RULE",
+              help="How a shorter row fills its bucket: zeros (default), none, length:INPUT or mask:INPUT.")
 @click.option("--model-class", default=None, help="pkg.module:Class to build when MODEL is a state_dict.")
 @click.option("--model-kwargs", default=None, help="JSON constructor kwargs for --model-class.")
 @click.option("--trust-pickle", is_flag=True, help="Allow unpickling a whole nn.Module (runs code from the file).")
@@ -58,7 +65,7 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
 @click.option("--prefill-len", "lm_prefill_len", type=click.IntRange(1, 8192), default=None,
               help="LMs: tokens per prefill call [default: min(32, max-len)].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_pickle, calib, eval_data, metric,
+def command(model, targets, out, input_shapes, shapes, dynamic, pad, model_class, model_kwargs, trust_pickle, calib, eval_data, metric,
             max_task_drop, samples,
             output_kinds, atol, rtol, min_cosine, seed, refine_rounds, no_latency, profile_dir, prompts, lm_max_len, lm_prefill_len,
             as_json):
@@ -80,7 +87,8 @@ def command(model, targets, out, input_shapes, model_class, model_kwargs, trust_
     lm_task = policy_task(model) if Path(model).is_dir() else None
     result = convert(model, targets=targets, out=out, calibration=calib,
                      progress=lambda msg: click.echo(f"  {msg}", err=True),
-                     input_shapes=tuple(input_shapes), model_class=model_class, model_kwargs=model_kwargs,
+                     input_shapes=tuple(input_shapes), shapes=tuple(shapes), dynamic=tuple(dynamic), pad=tuple(pad),
+                     model_class=model_class, model_kwargs=model_kwargs,
                      trust_pickle=trust_pickle, eval_data=eval_data, metric=metric, max_task_drop=max_task_drop,
                      samples=samples,
                      output_kinds=tuple(output_kinds), atol=atol, rtol=rtol,
@@ -108,6 +116,24 @@ def _print_table(report: dict) -> None:
                    f"{p.get('cosine', float('nan')):>10.6f} {p.get('cosine_mean', float('nan')):>10.6f} "
                    f"{p.get('max_abs', float('nan')):>9.3g} {top1:>5} "
                    f"{lat.get('artifact') or float('nan'):>7.3f} {lat.get('torch_eager') or float('nan'):>8.3f}")
+    for name, t in report["targets"].items():
+        for b in t.get("buckets") or []:  # shape buckets (--shapes/--dynamic): each bucket's own verdict
+            p = b.get("parity") or {}
+            click.echo(f"{name}: bucket {b['name']}: {'ok' if b['passed'] else 'FAIL'} {b['quantization']} "
+                       f"cos(min) {p.get('cosine', float('nan')):.6f} max_abs {p.get('max_abs', float('nan')):.3g}"
+                       + (f" ms {b['latency_ms']['artifact']:.3f}" if (b.get("latency_ms") or {}).get("artifact")
+                          else ""))
+    for name, t in report["targets"].items():
+        for soc, f in ((t.get("npu") or {}).get("socs") or {}).items():  # android-npu: what the NPU took, first
+            if "ops_total" not in f:
+                click.echo(f"{name}: {soc}: not compiled ({'; '.join(f.get('reasons') or [])})")
+                continue
+            cpu = ", ".join(f"{op} x{n}" for op, n in f["cpu_ops"]["by_op"].items())
+            sim = f.get("simulator") or {}
+            verdict = (f"HTP simulator {'pass' if sim['passed'] else 'FAIL'} on {sim['rows']} rows" if sim.get("ran")
+                       else "HTP simulator not run")
+            click.echo(f"{name}: {soc}: {f['ops_on_npu']}/{f['ops_total']} ops on the NPU, {f['partitions']} "
+                       f"partition(s){f'; on the CPU: {cpu}' if cpu else ''}; {verdict}")
     for out, k in (report.get("output_kinds") or {}).items():
         click.echo(f"{out}: kind {k['kind']} ({k['source']})")
     for name, t in report["targets"].items():
