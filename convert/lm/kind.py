@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from tpu_pipeline.convert.verdict import parity
+from tpu_pipeline.convert.verdict import parity, task_score
 from tpu_pipeline.convert.runtimes.browser import browser_unavailable, generate_litertjs
 from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
 from tpu_pipeline.convert.lm import litertlm, task_accuracy
@@ -114,6 +114,7 @@ class CausalLMKind(ModelKind):
         self.measured: dict[str, dict | ConversionError] = {}
         # the task an rl policy was trained on (ConvertOptions.lm_task, task_accuracy.py) and PyTorch's figures on it
         self.task: task_accuracy.LMTask | None = None
+        self.max_drop_given: dict[str, float] = {}  # --max-task-drop: target (or every target) -> bound
         self.task_torch: dict | None = None
 
     @staticmethod
@@ -140,6 +141,10 @@ class CausalLMKind(ModelKind):
                                        max_len - MAX_NEW_TOKENS, rng)
         kind = cls(path, model, prompts, source, max_len, prefill_len, tokenizer)
         kind.task = o.lm_task
+        kind.max_drop_given = o.max_task_drop or {}  # parsed per target by the pipeline
+        if kind.max_drop_given and kind.task is None:
+            raise UserError("--max-task-drop does not apply here: a causal LM has a task score only as an rl policy "
+                            "(a folder `tpu-pipeline rl` saved, with tpu_pipeline_rl.json)")
         return kind
 
     def export_float(self, work: Path, say: Progress) -> Artifact:
@@ -291,7 +296,7 @@ class CausalLMKind(ModelKind):
             reasons.append(f"held-out perplexity {ppl['artifact']:.4f} vs PyTorch {ppl['torch']:.4f} "
                            f"({ppl['change']:+.2%}; bound +-{prof.max_perplexity_change:.2%})")
         if "task" in fig:  # an rl policy: the task it was trained for decides too, whatever the recipe
-            reasons += task_accuracy.verdict(fig["task"], prof.max_task_drop, self.task.name)
+            reasons += task_accuracy.verdict(fig["task"], self._max_drop(prof), self.task.name)
         return fig, reasons
 
     def _task_figures(self, bundle: dict, prof: TargetProfile) -> dict:
@@ -299,8 +304,14 @@ class CausalLMKind(ModelKind):
         if "task" not in bundle:
             return {}
         fig = bundle["task"]
-        return {"lm_task": {**fig, "task": self.task.name, "max_task_drop": prof.max_task_drop,
-                            "passed": not task_accuracy.verdict(fig, prof.max_task_drop, self.task.name)}}
+        bound = self._max_drop(prof)
+        return {"lm_task": {**fig, "task": self.task.name, "max_task_drop": bound,
+                            "passed": not task_accuracy.verdict(fig, bound, self.task.name)}}
+
+    def _max_drop(self, prof: TargetProfile) -> float:
+        """--max-task-drop for this target (or for every target), else the profile's."""
+        given = self.max_drop_given
+        return given.get(prof.name, given.get(task_score.ALL_TARGETS, prof.max_task_drop))
 
     @staticmethod
     def _recipe(bundle_fig: dict, bundle: bytes, prof: TargetProfile) -> dict:

@@ -150,7 +150,8 @@ def test_convert_gemma_multi_query_ships_the_bundle_and_generate_runs_it(tmp_pat
     (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
     out = tmp_path / "dist"
     r = CliRunner().invoke(cli, ["convert", str(folder), "--targets", "desktop", "--out", str(out), "--prompts",
-                                 str(tmp_path / "prompts.txt"), "--max-len", str(CACHE), "--prefill-len", "16"])
+                                 str(tmp_path / "prompts.txt"), "--max-len", str(CACHE), "--prefill-len", "16",
+                                 "--max-task-drop", "desktop=0.02"])
     assert r.exit_code == 0, r.output
     report = json.loads((out / "report.json").read_text())
     t = report["targets"]["desktop"]
@@ -159,7 +160,7 @@ def test_convert_gemma_multi_query_ships_the_bundle_and_generate_runs_it(tmp_pat
     assert task["recipe"] == "grpo_math" and task["problems"] == lt["n"] == 24
     assert 0 < task["torch"]["correct"] < 24, task  # the verifier tells these answers apart
     assert lt["accuracy"] == lt["torch_accuracy"] == task["torch"]["accuracy"] and lt["answers_differ"] == 0
-    assert lt["interval"][0] < lt["accuracy"] < lt["interval"][1] and lt["passed"] and lt["max_task_drop"] > 0
+    assert lt["interval"][0] < lt["accuracy"] < lt["interval"][1] and lt["passed"] and lt["max_task_drop"] == 0.02
     assert "bundle on LiteRT-LM" in r.output
     assert "task grpo_math on LiteRT-LM" in (out / "report.html").read_text()
     # `eval` scores the shipped bundle (the file, or the convert output folder) on the same problems
@@ -213,6 +214,8 @@ def test_export_failure_is_a_conversion_error_naming_the_cause(tmp_path, monkeyp
 @pytest.mark.parametrize("family, args, words", [
     ("gpt2", [], ".litertlm bundles: GPT-2 is not supported"),
     ("llama", ["--max-len", "999"], "--max-len 999 is over the model's 128 positions"),
+    # a plain LM (not an rl policy) has no task score to bound
+    ("llama", ["--max-task-drop", "0.02"], "--max-task-drop does not apply here: a causal LM has a task score only"),
 ])
 def test_convert_refuses_unsupported_lm_in_one_line_writing_nothing(tmp_path, family, args, words):
     from click.testing import CliRunner
