@@ -195,6 +195,24 @@ def reduce_max_in_int8(model: bytes) -> tuple[bytes, int]:
     return (bytes(flatbuffer_utils.convert_object_to_bytearray(obj)), n) if n else (model, 0)
 
 
+def _table_lookup(g, x: int, y: int, values: np.ndarray, out_q: tuple) -> list:
+    """The three ops that compute y = table[x + 128] for int8 x: `values` is y's float value at each of
+    x's 256 codes, rounded here into y's own quantization."""
+    table = np.clip(np.round(values / out_q[0]) + out_q[1], -128, 127).astype(np.int8)
+    sg = g.sg
+    name, shape = sg.tensors[y].name.decode(), list(sg.tensors[x].shape)
+    t_table = g.tensor(f"{name}/table", [256], _INT8, table, sg.tensors[y].quantization)
+    t_codes = g.tensor(f"{name}/codes", shape, _INT32)
+    t_128 = g.tensor(f"{name}/offset", [], _INT32, np.array(128, np.int32))
+    t_index = g.tensor(f"{name}/index", shape, _INT32)
+    cast_opts = schema.CastOptionsT()
+    cast_opts.inDataType, cast_opts.outDataType = _INT8, _INT32
+    return [g.op(_B.CAST, [x], [t_codes], schema.BuiltinOptions.CastOptions, cast_opts),
+            g.op(_B.ADD, [t_codes, t_128], [t_index], schema.BuiltinOptions.AddOptions, schema.AddOptionsT()),
+            g.op(_B.GATHER, [t_table, t_index], [y], schema.BuiltinOptions.GatherOptions,
+                 schema.GatherOptionsT(axis=0, batchDims=0))]
+
+
 def elementwise_as_table(model: bytes) -> tuple[bytes, dict[str, int]]:
     """Int8 GELU/SQRT, and ABS left float between DEQUANTIZE and QUANTIZE, as a 256-entry int8 table
     lookup (CAST, ADD, GATHER); -> (the model, {op name: count}); the bytes unchanged when none."""
@@ -217,20 +235,7 @@ def elementwise_as_table(model: bytes) -> tuple[bytes, dict[str, int]]:
             if in_q is None or out_q is None:
                 continue
             codes = np.arange(-128, 128, dtype=np.float64)
-            values = _TABLED[code](in_q[0] * (codes - in_q[1]), op)
-            table = np.clip(np.round(values / out_q[0]) + out_q[1], -128, 127).astype(np.int8)
-            name = sg.tensors[y].name.decode()
-            shape = list(sg.tensors[x].shape)
-            t_table = g.tensor(f"{name}/table", [256], _INT8, table, sg.tensors[y].quantization)
-            t_codes = g.tensor(f"{name}/codes", shape, _INT32)
-            t_128 = g.tensor(f"{name}/offset", [], _INT32, np.array(128, np.int32))
-            t_index = g.tensor(f"{name}/index", shape, _INT32)
-            cast_opts = schema.CastOptionsT()
-            cast_opts.inDataType, cast_opts.outDataType = _INT8, _INT32
-            new = [g.op(_B.CAST, [x], [t_codes], schema.BuiltinOptions.CastOptions, cast_opts),
-                   g.op(_B.ADD, [t_codes, t_128], [t_index], schema.BuiltinOptions.AddOptions, schema.AddOptionsT()),
-                   g.op(_B.GATHER, [t_table, t_index], [y], schema.BuiltinOptions.GatherOptions,
-                        schema.GatherOptionsT(axis=0, batchDims=0))]
+            new = _table_lookup(g, x, y, _TABLED[code](in_q[0] * (codes - in_q[1]), op), out_q)
             at = sg.operators.index(op)
             sg.operators[at:at + 1] = new
             if drop:
@@ -459,19 +464,7 @@ def activations_as_table(model: bytes) -> tuple[bytes, dict[str, int]]:
             f = np.asarray(values[y], np.float64)
             if f is None or f.shape != (256,) or not np.all(np.isfinite(f)):
                 continue  # a chain whose value is not finite on every code (log of 0): left as it is
-            table = np.clip(np.round(f / out_q[0]) + out_q[1], -128, 127).astype(np.int8)
-            name = sg.tensors[y].name.decode()
-            shape = list(sg.tensors[root].shape)
-            t_table = g.tensor(f"{name}/table", [256], _INT8, table, sg.tensors[y].quantization)
-            t_codes = g.tensor(f"{name}/codes", shape, _INT32)
-            t_128 = g.tensor(f"{name}/offset", [], _INT32, np.array(128, np.int32))
-            t_index = g.tensor(f"{name}/index", shape, _INT32)
-            cast_opts = schema.CastOptionsT()
-            cast_opts.inDataType, cast_opts.outDataType = _INT8, _INT32
-            new = [g.op(_B.CAST, [root], [t_codes], schema.BuiltinOptions.CastOptions, cast_opts),
-                   g.op(_B.ADD, [t_codes, t_128], [t_index], schema.BuiltinOptions.AddOptions, schema.AddOptionsT()),
-                   g.op(_B.GATHER, [t_table, t_index], [y], schema.BuiltinOptions.GatherOptions,
-                        schema.GatherOptionsT(axis=0, batchDims=0))]
+            new = _table_lookup(g, root, y, f, out_q)
             at = min(sg.operators.index(o) for o in ops)
             for o in ops:
                 sg.operators.remove(o)
