@@ -37,6 +37,8 @@ from tpu_pipeline.convert.iot.firmware import measure_arena, suggested_arena, wr
 from tpu_pipeline.convert.kinds import ModelKind, Progress, detection_order
 from tpu_pipeline.convert.lm import kind as _lm_kind  # noqa: F401 - registers CausalLMKind (see model_kind)
 from tpu_pipeline.convert.module.kind import ModuleKind
+from tpu_pipeline.convert.npu import check as npu_check
+from tpu_pipeline.convert.npu.ai_pack import write_ai_pack
 from tpu_pipeline.convert.module.loaders import load_model, load_object
 from tpu_pipeline.convert.options import FLAGS, ConvertOptions
 from tpu_pipeline.convert.precision.quantize import RANGE_ESTIMATORS, quantize
@@ -121,6 +123,9 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
         raise UserError("--samples must be at least 1")
     o = dataclasses.replace(o, output_kinds=output_kinds.parse(o.output_kinds))
     profiles = resolve_targets(o.targets, load_profiles(o.profile_dir))
+    for p in profiles:
+        if p.npu_socs:  # a SoC that cannot compile here, no [npu] extra: one line before anything is read
+            npu_check.preflight(p.name, p.npu_socs)
     o = dataclasses.replace(o, max_task_drop=task_score.parse_max_drop(o.max_task_drop, [p.name for p in profiles]))
     in_memory = isinstance(model, (torch.nn.Module, torch.export.ExportedProgram))
     if in_memory:
@@ -439,6 +444,33 @@ def _target(prof: TargetProfile, run: _Run, gate: Parity | None) -> TargetResult
             winner = _refine(prof, winner, run)
     elif winner.passed and int8_ranges.material((winner.parity or {}).get("int8_ranges")) and run.o.refine_rounds > 0:
         winner = _repair_ranges(prof, winner, run)
+    if prof.npu_socs and winner.passed and isinstance(run.model, ModuleKind):
+        winner = _npu(prof, winner, tries, run)
+    return winner
+
+
+def _npu(prof: TargetProfile, winner: TargetResult, tries: list[TargetResult], run: _Run) -> TargetResult:
+    """android-npu: the variant that passed on XNNPACK, compiled per SoC and checked on the HTP
+    simulator (convert/npu/check.py); when it fails there, the next candidate that passed on
+    XNNPACK is tried (float16 after static int8), else the winner fails with the NPU's reasons."""
+    for t in [winner] + [t for t in tries if t.passed and t is not winner]:
+        judge, cpu_got = run.model.judge_elsewhere(prof, run.o, t.artifact, t.info)
+        with _Clock(t.timings_s)("npu"):
+            res = npu_check.check(prof.name, prof.npu_socs, prof.min_npu_ops_share, prof.npu_simulator_rows,
+                                  t.artifact.model, run.model.samples, judge, cpu_got, run.say)
+        t.npu, t.npu_models = res.figures, res.models
+        if res.passed:
+            if t is not winner:
+                t.candidates = [{**c, "chosen": c["precision"] == t.quantization, **(
+                    {"passed": False, "failure": winner.failure, "errors": winner.errors[:1]}
+                    if c["precision"] == winner.quantization else {})} for c in winner.candidates or []] or None
+                t.chosen_because = (f"{winner.quantization} passed on XNNPACK but failed on the NPU "
+                                    f"({(winner.errors or ['?'])[0]}); {t.quantization} passes on both")
+                t.npu["failed_first"] = {"precision": winner.quantization, "reasons": winner.errors[:4],
+                                         "socs": winner.npu["socs"]}
+                t.warnings.append(t.chosen_because)
+            return t
+        t.fail(res.failure or "conversion", *res.reasons)
     return winner
 
 
@@ -729,6 +761,21 @@ def _write_target(prof: TargetProfile, r: TargetResult, model: ModelKind, stage:
         r.app_snippet = model_json["app_snippet"] = str(out / prof.name / snippet.name)
     _write_layer_errors(r, sub, out / rel, model_json)
     files.atomic_write_json(sub / "model.json", model_json)
+    for soc, compiled in r.npu_models.items():  # android-npu: DIR/android-npu/<SoC>/model.tflite
+        (sub / soc).mkdir(exist_ok=True)
+        (sub / soc / "model.tflite").write_bytes(compiled)
+        stats = r.npu["socs"][soc]
+        files.atomic_write_json(sub / soc / "model.json", {
+            **model_json, "soc": soc, "compiled_for": f"Qualcomm {soc} (LiteRT AOT, QNN {r.npu['qnn_version']})",
+            "sha256": files.sha256_file(sub / soc / "model.tflite"), "size_bytes": len(compiled),
+            "npu": {k: v for k, v in stats.items() if k != "soc"}})
+        stats["artifact"] = str(out / rel / soc / "model.tflite")
+    if r.passed and r.npu_models:  # Play's AI pack: an app file, like the snippet; the artifacts passed either way
+        try:
+            pack = write_ai_pack(r.artifact.model, r.npu_models, sub / "ai_pack", out.name)
+            r.npu["ai_pack"] = {"dir": str(out / rel / "ai_pack"), "files": pack}
+        except Exception as e:  # noqa: BLE001
+            r.warnings.append(f"no AI pack: LiteRT's exporter failed ({_why(e)})")
 
 
 def _write_layer_errors(r: TargetResult, sub: Path, where: Path, model_json: dict) -> None:

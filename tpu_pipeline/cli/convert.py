@@ -16,7 +16,7 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
                "wrong numbers) beats 3 (a target has no usable artifact: conversion, size, ops, arena); each target's "
                "line says its own. With --json the report is printed before a failing exit.")
 @click.argument("model", type=click.Path())
-@click.option("--targets", default="all", show_default=True, help="all, or a comma list of android,ios,desktop,web,iot.")
+@click.option("--targets", default="all", show_default=True, help="all, or a comma list of android,ios,desktop,web,iot,android-npu (android-npu: not in all; needs the [npu] extra).")
 @click.option("--out", type=click.Path(), default=None, help="Output folder [default: dist/<model stem>/].")
 @click.option("--input-shape", "input_shapes", multiple=True,
               help="1,3,224,224[:float32] per input, in forward() order (repeat for several inputs).")
@@ -106,13 +106,13 @@ def _print_table(report: dict) -> None:
     if report.get("kind") == "causal-lm":
         _print_lm_table(report)
         return
-    click.echo(f"{'target':<8} {'status':<6} {'quantization':<13} {'bytes':>9} {'cos(min)':>10} {'cos(mean)':>10} "
+    click.echo(f"{'target':<11} {'status':<6} {'quantization':<13} {'bytes':>9} {'cos(min)':>10} {'cos(mean)':>10} "
                f"{'max_abs':>9} {'top1':>5} {'ms':>7} {'torch ms':>8}")
     for name, t in report["targets"].items():
         p = t.get("parity") or {}
         lat = t.get("latency_ms") or {}
         top1 = f"{p['top1']:.2f}" if "top1" in p else "-"
-        click.echo(f"{name:<8} {_status(t):<6} {t['quantization']:<13} {t['size_bytes'] or 0:>9} "
+        click.echo(f"{name:<11} {_status(t):<6} {t['quantization']:<13} {t['size_bytes'] or 0:>9} "
                    f"{p.get('cosine', float('nan')):>10.6f} {p.get('cosine_mean', float('nan')):>10.6f} "
                    f"{p.get('max_abs', float('nan')):>9.3g} {top1:>5} "
                    f"{lat.get('artifact') or float('nan'):>7.3f} {lat.get('torch_eager') or float('nan'):>8.3f}")
