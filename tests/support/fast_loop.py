@@ -39,6 +39,8 @@ SLOW_PATHS = {
     "tests/convert/test_localize_on_cpu.py": "exports",
     "tests/convert/test_mcu_ops_on_cpu.py": "exports; TFLM child",
     "tests/convert/test_mlperf_tiny_on_cpu.py": "exports; TFLM child",
+    "tests/convert/test_npu_compile_on_cpu.py": "exports; LiteRT's AOT compiler (apply_plugin) in a child",
+    "tests/convert/test_npu_target_on_cpu.py": "exports; LiteRT's AOT compiler in a child; the CLI in a child",
     "tests/convert/test_never_crash_on_cpu.py": "exports; the CLI as a console script",
     "tests/convert/test_overlap_on_cpu.py": "child processes",
     "tests/convert/test_page_server_on_cpu.py": "Chromium",
