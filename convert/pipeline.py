@@ -454,10 +454,10 @@ def _npu(prof: TargetProfile, winner: TargetResult, tries: list[TargetResult], r
     simulator (convert/npu/check.py); when it fails there, the next candidate that passed on
     XNNPACK is tried (float16 after static int8), else the winner fails with the NPU's reasons."""
     for t in [winner] + [t for t in tries if t.passed and t is not winner]:
-        judge, cpu_got = run.model.judge_elsewhere(prof, run.o, t.artifact, t.info)
+        judge, torch_judge, cpu_got = run.model.judge_elsewhere(prof, run.o, t.artifact, t.info)
         with _Clock(t.timings_s)("npu"):
             res = npu_check.check(prof.name, prof.npu_socs, prof.min_npu_ops_share, prof.npu_simulator_rows,
-                                  t.artifact.model, run.model.samples, judge, cpu_got, run.say)
+                                  t.artifact.model, run.model.samples, judge, cpu_got, run.say, torch_judge)
         t.npu, t.npu_models = res.figures, res.models
         if res.passed:
             if t is not winner:

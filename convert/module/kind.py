@@ -396,11 +396,13 @@ class ModuleKind(ModelKind):
         return self._f16
 
     def judge_elsewhere(self, prof: TargetProfile, o: ConvertOptions, art: Artifact, info: ModelInfo):
-        """(judge, the CPU run's outputs) for the same artifact run elsewhere (android-npu's HTP
-        simulator): judged as the GPU accelerator's rows are, by this target's bounds against PyTorch,
-        or with labels against the CPU run whose task score decided."""
+        """(judge, against PyTorch, the CPU run's outputs) for the same artifact run elsewhere
+        (android-npu's HTP simulator): judged as the GPU accelerator's rows are, by this target's
+        bounds against PyTorch, or with labels against the CPU run whose task score decided; the
+        second judge (the first, without labels) gives the figures against PyTorch either way."""
         got = self._run_xnnpack(art.model, info)
-        return self._judge(prof, o, art, against=got if self.task else None), got
+        torch_judge = self._judge(prof, o, art)
+        return (self._judge(prof, o, art, against=got) if self.task else torch_judge), torch_judge, got
 
     def _run_xnnpack(self, model: bytes, info: ModelInfo) -> list:
         hit = self._xnnpack.get(id(model))

@@ -52,7 +52,9 @@ def cpu_summary(c: Compiled, limit: int = 6) -> str:
 
 
 def check(name: str, socs: list[str], min_share: float, max_rows: int, model: bytes, samples: list,
-          judge: Judge, cpu_got: list, say: Callable[[str], None]) -> NpuResult:
+          judge: Judge, cpu_got: list, say: Callable[[str], None], torch_judge: Judge | None = None) -> NpuResult:
+    """judge decides each SoC; torch_judge (when it is another: labels were given, and judge compares
+    with the CPU run whose task score decided) gives the figures against PyTorch for the report."""
     libs = preflight(name, socs)
     figures = {"qnn_version": libs.qnn_version, "qnn_libs": libs.source, "simulator": SIMULATOR,
                "versions": qnn_libs.versions(), "socs": {}}
@@ -83,7 +85,7 @@ def check(name: str, socs: list[str], min_share: float, max_rows: int, model: by
         say(f"{name}: {soc}: the compiled model on the HTP simulator over {len(rows)} parity rows"
             + (" (NPU partitions stitched with the CPU ops on XNNPACK)" if c.cpu_ops else ""))
         try:
-            sim_fig = _simulate(c, rows, judge, cpu_got)
+            sim_fig = _simulate(c, rows, judge, cpu_got, torch_judge)
         except ConversionError as e:
             fig.update(passed=False, reasons=[str(e)], simulator={"ran": False, "reason": str(e)})
             reasons.append(f"{soc}: {e}")
@@ -102,7 +104,7 @@ def check(name: str, socs: list[str], min_share: float, max_rows: int, model: by
     return NpuResult(passed=not reasons, failure=failure, reasons=reasons, figures=figures, models=models)
 
 
-def _simulate(c: Compiled, rows: list, judge: Judge, cpu_got: list) -> dict:
+def _simulate(c: Compiled, rows: list, judge: Judge, cpu_got: list, torch_judge: Judge | None) -> dict:
     sim = HtpSimulator(c.model)
     got, times = [], []
     for row in rows:
@@ -110,13 +112,16 @@ def _simulate(c: Compiled, rows: list, judge: Judge, cpu_got: list) -> dict:
         got.append(sim.run(row))
         times.append(time.perf_counter() - t0)
     outputs, passed, reasons = judge(got)
+    by_cpu = torch_judge is not None and torch_judge is not judge
+    vs_torch = torch_judge(got)[0] if by_cpu else outputs
     vs_cpu = {}
     for k, t in enumerate(sim.outputs):
         diff = max(float(np.abs(np.asarray(g[k], np.float64) - np.asarray(ref[k], np.float64)).max())
                    for g, ref in zip(got, cpu_got))
         vs_cpu[t.name] = {"max_abs": diff, **({"max_lsb": round(diff / t.scale, 3)} if t.scale else {})}
     return {"ran": True, "rows": len(rows), "passed": passed, "reasons": reasons,
+            "judged_against": "the CPU run (labels given: its task score decided)" if by_cpu else "PyTorch",
             "stitched": bool(c.cpu_ops), "segments": len(sim.segments),
             "s_per_row": float(np.median(times)) if times else None, "session_s": sim.session_s,
-            "vs_pytorch": {n: {k: m[k] for k in _KEEP if k in m} for n, m in outputs.items()},
+            "vs_pytorch": {n: {k: m[k] for k in _KEEP if k in m} for n, m in vs_torch.items()},
             "vs_xnnpack": vs_cpu}

@@ -168,6 +168,30 @@ def test_int8_that_passes_on_xnnpack_but_not_on_the_npu_falls_back_to_float16(tm
     assert "failed on the NPU" in t.chosen_because
 
 
+@needs_extra
+def test_with_labels_the_simulator_is_judged_against_the_cpu_run_whose_task_score_decides(tmp_path):
+    import numpy as np
+
+    profiles = tmp_path / "profiles"
+    shutil.copytree(profile_dir(), profiles)
+    p = profiles / "android-npu.toml"
+    p.write_text(p.read_text().replace('npu_socs = ["SM8650", "SM8750"]', 'npu_socs = ["SM8650"]'))
+    net = _net(SmallCNN)
+    x = torch.randn(24, 1, 8, 8)
+    with torch.no_grad():
+        labels = net(x).argmax(1).numpy()
+    np.savez(tmp_path / "eval.npz", arr_0=x.numpy(), labels=labels)
+    res = tc.convert(net, (x[:1],), targets="android-npu", out=tmp_path / "out", eval_data=str(tmp_path / "eval.npz"),
+                     calibration=[(torch.randn(1, 1, 8, 8),) for _ in range(32)], latency=False,
+                     profile_dir=str(profiles))
+    t = res["android-npu"]
+    assert t.passed, t.reasons
+    assert "task_score" in t.metrics  # the CPU run's task score decided the variant
+    sim = t.npu["socs"]["SM8650"]["simulator"]
+    assert sim["judged_against"].startswith("the CPU run") and sim["passed"] and sim["rows"] == 16
+    assert min(m["cosine_mean"] for m in sim["vs_pytorch"].values()) > 0.98  # figures against PyTorch beside it
+
+
 def _cli(args, tmp_path, env_extra=None):
     env = {**os.environ, **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "tpu_pipeline", "convert", *args], capture_output=True, text=True,
