@@ -56,6 +56,18 @@ def accuracy(out: np.ndarray, y: np.ndarray) -> float:
     return float((out.reshape(len(out), -1).argmax(1) == y).mean())
 
 
+def trained_on(name: str, data: Callable, model: Callable[[], nn.Module], n: tuple[int, int], loss_fn, steps: int,
+               metric: Callable, *, lr: float = 3e-3, calib: int = 128, output_kind: str | None = None) -> Trained:
+    """Seeded: a training and a held-out split from `data(n, rng) -> (x, y)` (n = their sizes), `model()`
+    fitted on the first, `calib` calibration rows from it."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    xtr, ytr = data(n[0], rng)
+    xte, yte = data(n[1], rng)
+    m = _fit(model(), torch.from_numpy(xtr), torch.from_numpy(ytr), loss_fn, steps, lr=lr)
+    return Trained(name, m, torch.from_numpy(xtr[:1]), xtr[:calib], xte, yte, metric, output_kind)
+
+
 def digits(steps: int = 150) -> Trained:
     from tpu_pipeline.train.tasks.digits import load_split
 
@@ -196,12 +208,12 @@ def _pulses(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
 
 
 class SeqNet(nn.Module):
-    """Sequence (N, STEPS, CHANNELS) -> class scores (N, CHANNELS): a GRU read at its last step."""
+    """Sequence (N, T, features) -> class scores (N, classes): a GRU read at its last step."""
 
-    def __init__(self, hidden: int = 16):
+    def __init__(self, hidden: int = 16, features: int = CHANNELS, classes: int = CHANNELS, layers: int = 1):
         super().__init__()
-        self.rnn = nn.GRU(CHANNELS, hidden, batch_first=True)
-        self.head = nn.Linear(hidden, CHANNELS)
+        self.rnn = nn.GRU(features, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
 
     def forward(self, x):
         out, _ = self.rnn(x)
@@ -210,13 +222,9 @@ class SeqNet(nn.Module):
 
 def first_pulse(steps: int = 600) -> Trained:
     """A small recurrent model (issue 19 item 8): which channel pulsed first; metric: accuracy."""
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    xtr, ytr = _pulses(2048, rng)
-    xte, yte = _pulses(128, rng)
-    m = _fit(SeqNet(), torch.from_numpy(xtr), torch.from_numpy(ytr), nn.functional.cross_entropy, steps, lr=1e-2)
     # 64 calibration rows: ai-edge-quantizer calibrates the unrolled GRU's 155 tensors row by row (30 s for 256)
-    return Trained("first_pulse", m, torch.from_numpy(xtr[:1]), xtr[:64], xte, yte, accuracy, "logits")
+    return trained_on("first_pulse", _pulses, SeqNet, (2048, 128), nn.functional.cross_entropy, steps, accuracy,
+                      lr=1e-2, calib=64, output_kind="logits")
 
 
 BUILDERS = {"digits": digits, "pitch": pitch, "boxes": boxes}

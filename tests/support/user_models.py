@@ -16,11 +16,14 @@ split, held-out eval rows and labels, task metric).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from torch import nn
 
-from tpu_pipeline.testing.trained_models import Trained, _fit, _shapes, accuracy, mean_iou
+from tpu_pipeline.testing.trained_models import (BoxNet, SeqNet, Trained, _shapes, accuracy, mean_iou,
+                                                  trained_on)
 
 KWS_T, KWS_F, KWS_CLASSES = 16, 10, 4
 
@@ -35,26 +38,12 @@ def _keywords(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]
     return x.astype(np.float32), y
 
 
-class KeywordGRU(nn.Module):
-    """Frames [N, T, F] -> class scores [N, 4] from the last step of a 2-layer GRU."""
-
-    def __init__(self, hidden: int = 24):
-        super().__init__()
-        self.gru = nn.GRU(KWS_F, hidden, num_layers=2, batch_first=True)
-        self.head = nn.Linear(hidden, KWS_CLASSES)
-
-    def forward(self, x):
-        y, _ = self.gru(x)
-        return self.head(y[:, -1])
+# Frames [N, T, F] -> class scores [N, 4] from the last step of a 2-layer GRU.
+KeywordGRU = functools.partial(SeqNet, hidden=24, features=KWS_F, classes=KWS_CLASSES, layers=2)
 
 
 def kws(steps: int = 200) -> Trained:
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    xtr, ytr = _keywords(1024, rng)
-    xte, yte = _keywords(128, rng)
-    m = _fit(KeywordGRU(), torch.from_numpy(xtr), torch.from_numpy(ytr), nn.functional.cross_entropy, steps, lr=1e-2)
-    return Trained("kws", m, torch.from_numpy(xtr[:1]), xtr[:128], xte, yte, accuracy, None)
+    return trained_on("kws", _keywords, KeywordGRU, (1024, 128), nn.functional.cross_entropy, steps, accuracy, lr=1e-2)
 
 
 DEN_L = 64
@@ -98,12 +87,7 @@ snr_db.unit, snr_db.max_drop = "dB", 0.5
 
 
 def denoiser(steps: int = 300) -> Trained:
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    xtr, ytr = _noisy_tones(1024, rng)
-    xte, yte = _noisy_tones(128, rng)
-    m = _fit(Denoiser(), torch.from_numpy(xtr), torch.from_numpy(ytr), nn.functional.mse_loss, steps)
-    return Trained("denoiser", m, torch.from_numpy(xtr[:1]), xtr[:128], xte, yte, snr_db, None)
+    return trained_on("denoiser", _noisy_tones, Denoiser, (1024, 128), nn.functional.mse_loss, steps, snr_db)
 
 
 SEG = 12
@@ -135,34 +119,19 @@ class Segmenter(nn.Module):
 def segmenter(steps: int = 200) -> Trained:
     from tpu_pipeline.convert.verdict.task_score import miou
 
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    xtr, ytr = _scenes(512, rng)
-    xte, yte = _scenes(64, rng)
-    m = _fit(Segmenter(), torch.from_numpy(xtr), torch.from_numpy(ytr), nn.functional.cross_entropy, steps, lr=1e-2)
-    return Trained("segmenter", m, torch.from_numpy(xtr[:1]), xtr[:128], xte, yte, miou, None)
+    return trained_on("segmenter", _scenes, Segmenter, (512, 64), nn.functional.cross_entropy, steps, miou, lr=1e-2)
 
 
-class SigmoidBoxNet(nn.Module):
+class SigmoidBoxNet(BoxNet):
     """Image [N, 1, 16, 16] -> normalized box [N, 4] through a final sigmoid (a detector's box head)."""
-
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                                 nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                                 nn.Flatten(), nn.Linear(16 * 16, 32), nn.ReLU(), nn.Linear(32, 4))
 
     def forward(self, x):
         return torch.sigmoid(self.net(x))
 
 
 def box_sigmoid(steps: int = 250) -> Trained:
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    xtr, btr = _shapes(1024, rng)
-    xte, bte = _shapes(128, rng)
-    m = _fit(SigmoidBoxNet(), torch.from_numpy(xtr), torch.from_numpy(btr), nn.functional.smooth_l1_loss, steps)
-    return Trained("box_sigmoid", m, torch.from_numpy(xtr[:1]), xtr[:128], xte, bte, mean_iou, None)
+    return trained_on("box_sigmoid", _shapes, SigmoidBoxNet, (1024, 128), nn.functional.smooth_l1_loss, steps,
+                      mean_iou)
 
 
 BUILDERS = {"kws": kws, "denoiser": denoiser, "segmenter": segmenter, "box_sigmoid": box_sigmoid}
