@@ -125,6 +125,9 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
     profiles = resolve_targets(o.targets, load_profiles(o.profile_dir))
     for p in profiles:
         if p.npu_socs:  # a SoC that cannot compile here, no [npu] extra: one line before anything is read
+            if shapes.wanted(o):
+                raise UserError(f"target {p.name} compiles one fixed-shape signature per SoC; --shapes/--dynamic "
+                                "buckets are not compiled for the NPU yet: convert each shape as its own model")
             npu_check.preflight(p.name, p.npu_socs)
     o = dataclasses.replace(o, max_task_drop=task_score.parse_max_drop(o.max_task_drop, [p.name for p in profiles]))
     in_memory = isinstance(model, (torch.nn.Module, torch.export.ExportedProgram))

@@ -192,6 +192,15 @@ def test_with_labels_the_simulator_is_judged_against_the_cpu_run_whose_task_scor
     assert min(m["cosine_mean"] for m in sim["vs_pytorch"].values()) > 0.98  # figures against PyTorch beside it
 
 
+def test_shape_buckets_are_refused_for_the_npu_in_one_line(tmp_path):
+    from tpu_pipeline.errors import UserError
+
+    with pytest.raises(UserError, match="android-npu compiles one fixed-shape signature per SoC") as e:
+        tc.convert(_net(WithAtan2), (torch.randn(1, 8),), targets="android-npu", out=tmp_path / "out",
+                   shapes=("x=1x8,2x8",))
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
 def _cli(args, tmp_path, env_extra=None):
     env = {**os.environ, **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "tpu_pipeline", "convert", *args], capture_output=True, text=True,
