@@ -6,8 +6,9 @@ with a signature (or file) per bucket and once at its largest bucket alone.
 Models (tests/support/shape_models.py): a GRU keyword spotter over raw audio of 4000..16000
 samples (--dynamic, powers of two, a length input), a masked text CNN over 16..64 token ids
 (--shapes, a mask input), a conv net at 32x32 and 64x64 (--shapes, --pad none). Per model and
-target: artifact bytes with N buckets against the one-bucket conversion (the file, and the
-weights alone: the flatbuffer's constant buffers), convert wall seconds N vs 1, and per bucket
+target: artifact bytes with N buckets against the largest bucket alone at the precision the
+target shipped (the file, and the weights alone: the flatbuffer's constant buffers), convert
+wall seconds N buckets vs one conversion at the largest bucket (same targets), and per bucket
 the latency of its signature on ai-edge-litert (XNNPACK, one thread) beside PyTorch eager at that
 shape (one thread), with the bucket's parity (cosine, worst row). Prints markdown tables with the
 machine and date (docs/BENCHMARKS.md).
@@ -27,6 +28,9 @@ import torch
 from ai_edge_litert.tools import flatbuffer_utils
 
 import tpu_pipeline.convert as tc
+from tpu_pipeline.convert.module.buckets import export_signatures
+from tpu_pipeline.convert.module.loaders import load_object
+from tpu_pipeline.convert.precision.quantize import quantize
 from tpu_pipeline.testing.shape_models import GRUKeyword, MaskedTextCNN, TwoResolutionCNN
 
 SAMPLES = 16  # parity rows per bucket
@@ -55,6 +59,14 @@ def shipped_bytes(folder: Path) -> tuple[int, int]:
     return sum(map(len, data)), sum(weight_bytes(d) for d in data)
 
 
+def one_bucket(net, args, precision: str, folder: Path, layout: str, path: Path) -> bytes:
+    """The largest bucket alone at the precision the target shipped: for a file per bucket, that
+    bucket's own file; for signatures, the same export and variant with one signature."""
+    if layout == "files":
+        return max((p.read_bytes() for p in folder.glob("model_*.tflite")), key=len)
+    return quantize(export_signatures([("one", load_object(net, args))], path), precision)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="gru,text,conv")
@@ -75,12 +87,11 @@ def main() -> None:
             one = tc.convert(net, example(*largest), targets=a.targets, out=tmp / "one", samples=SAMPLES)
             one_s = time.perf_counter() - t
             for name, r in res.targets.items():
-                o = one[name]
                 folder = tmp / "n" / name / ("" if r.passed else "failed")
                 nb, nw = shipped_bytes(folder)
-                ob = len(o.artifact.model) if o.artifact else 0
-                ow = weight_bytes(o.artifact.model) if o.artifact else 0
                 layout = "signatures" if (folder / "model.tflite").exists() else "files"
+                single = one_bucket(net, example(*largest), r.quantization, folder, layout, tmp / f"one_{name}.tflite")
+                ob, ow = len(single), weight_bytes(single)
                 fails = [b["name"] for b in r.buckets if not b["passed"]]
                 table_bytes.append(
                     f"| {title} | {name} | {r.quantization} | {len(r.buckets)} {layout} | "

@@ -38,7 +38,8 @@ from tpu_pipeline import files
 from tpu_pipeline.convert.iot.firmware import measure_arena, suggested_arena, write_c_array
 from tpu_pipeline.convert.kinds import Progress
 from tpu_pipeline.convert.module import bucket_snippets
-from tpu_pipeline.convert.module.buckets import export_signatures, run_signature, signature_calibration, signature_io
+from tpu_pipeline.convert.module.buckets import (batch_resize, export_signatures, run_signature, signature_calibration,
+                                                 signature_io)
 from tpu_pipeline.convert.module.kind import ModuleKind
 from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs
 from tpu_pipeline.convert.options import DEFAULT_SAMPLES, ConvertOptions
@@ -540,6 +541,9 @@ def _ship(prof: TargetProfile, per_bucket: list[_Bucketed], names: list[str], wo
         out.errors.append(f"the buckets pass one by one, but the file with a signature per bucket could not be made: {e}")
         return out, "files", {f"model_{x.bucket.name}.tflite": x.results[prof.name].artifact for x in ok}
     out.parity["signature_file"] = check
+    for x, b in zip(per_bucket, out.buckets):  # batch through resize_tensor_input, where the graph allows it
+        if b["passed"]:
+            b["batch_resize"] = batch_resize(x.results[prof.name].artifact.model, x.kind.samples)
     out.size_bytes = len(art.model)
     if not check["passed"]:
         out.passed, out.failure = False, "parity"
@@ -645,7 +649,7 @@ def _write(prof: TargetProfile, r: TargetResult, layout: str, arts: dict[str, Ar
             if r.passed and prof.firmware:
                 e["firmware"] = _bucket_firmware(prof, arts[fname].model, b["name"], sub, e["sha256"], r)
         elif layout == "signatures" and b["passed"]:
-            e["file"], e["signature"] = "model.tflite", b["name"]
+            e["file"], e["signature"], e["batch_resize"] = "model.tflite", b["name"], b.get("batch_resize")
             e["io"] = signature_io(arts["model.tflite"].model, b["name"])
         entries.append(e)
     r.firmware = {"buckets": {e["name"]: e["firmware"] for e in entries if e.get("firmware")}} if prof.firmware and r.passed else None

@@ -106,3 +106,45 @@ def signature_io(model: bytes, signature: str | None) -> dict:
         return out
 
     return {"inputs": one(run.get_input_details()), "outputs": one(run.get_output_details())}
+
+
+RESIZE_BATCH = 4  # the batch a bucket's file is resized to when its batch axis is checked
+
+
+def batch_resize(model: bytes, rows: list[list[np.ndarray]], batch: int = RESIZE_BATCH) -> dict:
+    """Whether ai-edge-litert (XNNPACK) runs `model` with its batch axis resized
+    (resize_tensor_input) to `batch`, and gives each row the answer it gives that row alone.
+    litert-torch bakes shapes into the graph: a conv net's ops follow a new batch (the
+    two-resolution CNN: exact), a RESHAPE to a constant shape fails to prepare (the text CNN).
+    -> {"works", "batch", "max_abs"} or {"works": False, "why"}."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    rows = (list(rows) * batch)[:batch]
+    try:
+        alone = run_signature(model, None, rows)
+        it = Interpreter(model_content=model)
+        ins, outs = it.get_input_details(), it.get_output_details()
+        for d in ins:
+            it.resize_tensor_input(d["index"], [batch, *d["shape"][1:]])
+        it.allocate_tensors()
+        run = _runner(model, None)
+        keys = _ordered(run.get_input_details())
+        details = run.get_input_details()
+        for d, k in zip(ins, keys):
+            it.set_tensor(d["index"], np.concatenate([_quantized(r[keys.index(k)], details[k]) for r in rows]))
+        it.invoke()
+        worst = 0.0
+        for k, d in enumerate(outs):
+            y = np.asarray(it.get_tensor(d["index"]))
+            scale, zero = d["quantization"]
+            y = ((y.astype(np.float32) - zero) * scale) if y.dtype.kind in "iu" and scale else y.astype(np.float32)
+            want = np.concatenate([a[k] for a in alone])
+            if y.shape != want.shape:
+                return {"works": False, "batch": batch, "why": f"output {k} has shape {list(y.shape)} at batch {batch}, "
+                                                                 f"not {list(want.shape)}"}
+            worst = max(worst, float(np.abs(y - want).max(initial=0)))
+    except Exception as e:  # noqa: BLE001 - the interpreter refusing the resize is the finding
+        return {"works": False, "batch": batch, "why": f"{type(e).__name__}: {first_line(e)}"}
+    scale = max(float(np.abs(np.concatenate([np.ravel(x) for a in alone for x in a])).max(initial=0)), 1e-30)
+    return {"works": worst <= 1e-5 * scale, "batch": batch, "max_abs": worst,
+            **({} if worst <= 1e-5 * scale else {"why": f"rows differ batched and alone (max_abs {worst:.3g})"})}

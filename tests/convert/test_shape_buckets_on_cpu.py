@@ -20,7 +20,7 @@ from tpu_pipeline.convert.shapes import _lengths, _one_precision, parse_buckets,
 from tpu_pipeline.convert.targets import load_profiles
 from tpu_pipeline.errors import EXIT_BAD_INPUT, EXIT_PARITY, UserError
 from tpu_pipeline.testing.model_files import manifest
-from tpu_pipeline.testing.shape_models import MaskedTextCNN, MeanTextCNN
+from tpu_pipeline.testing.shape_models import MaskedTextCNN, MeanTextCNN, TwoResolutionCNN
 
 pytestmark = pytest.mark.slow
 
@@ -131,6 +131,8 @@ def test_masked_text_cnn_buckets_as_signatures_and_files_each_checked(tmp_path):
     assert len(single) == desk.buckets[1]["size_bytes"]
     assert _weight_bytes(model) <= 1.001 * _weight_bytes(single)  # weights once, not twice
     assert len(model) < 1.05 * len(single)  # the second signature adds only its graph
+    # batch 4 by resize_tensor_input: the text CNN's RESHAPE to a constant shape refuses it (said, not shipped)
+    assert all(not b["batch_resize"]["works"] and "RESHAPE" in b["batch_resize"]["why"] for b in desk.buckets)
     check = desk.parity["signature_file"]
     assert check["passed"] and all(v["output_0"]["max_abs_vs_bucket_file"] == 0.0 for v in check["signatures"].values())
     # the shipped file run by signature name gives PyTorch's answer on an unpadded row of 12 tokens
@@ -178,3 +180,22 @@ def test_a_model_that_padding_changes_is_refused_with_the_padding_message(tmp_pa
     # nothing ships: no artifact outside failed/
     assert not (tmp_path / "out" / "desktop" / "model.tflite").exists()
     assert not list((tmp_path / "out" / "desktop").glob("*.tflite"))
+
+
+def test_two_resolutions_exact_rows_and_batch_by_resize(tmp_path):
+    torch.manual_seed(0)
+    net = TwoResolutionCNN().eval()
+    res = tc.convert(net, net.example_inputs(), targets="desktop", out=tmp_path / "out",
+                     shapes=("x=1x3x32x32,1x3x48x64",), pad=("x=none",), samples=4, latency=False)
+    t = res["desktop"]
+    assert t.passed, t.errors
+    assert [b["name"] for b in t.buckets] == ["x_1x3x32x32", "x_1x3x48x64"]
+    assert all(b["parity"]["cosine"] > 0.999999 for b in t.buckets)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert all(v["padded_rows"] == 0 for v in report["shapes"]["padding_check"].values())  # rule none: exact rows
+    # a conv net's graph follows a new batch: 4 rows batched equal the 4 rows alone
+    for b in t.buckets:
+        assert b["batch_resize"]["works"] and b["batch_resize"]["batch"] == 4 and b["batch_resize"]["max_abs"] < 1e-5
+    mj = json.loads((tmp_path / "out" / "desktop" / "model.json").read_text())
+    assert [s["io"]["inputs"][0]["shape"] for s in mj["shapes"]["signatures"]] == [[1, 3, 32, 32], [1, 3, 48, 64]]
+    assert all(s["batch_resize"]["works"] for s in mj["shapes"]["signatures"])

@@ -54,9 +54,12 @@ class GRUKeyword(nn.Module):
     def forward(self, audio, length):
         h = torch.relu(self.conv(audio.unsqueeze(1))).transpose(1, 2)
         o, _ = self.gru(h)
-        # trunc equals floor for the lengths a bucket takes (>= win); TFLM has no FLOOR_DIV
-        last = torch.div(length - self.win, self.hop, rounding_mode="trunc").clamp(min=0)
-        return self.fc(torch.index_select(o, 1, last.reshape(-1)).squeeze(1))
+        # the last frame inside the audio, as a one-hot over frames: an integer division and a
+        # gather lower to ops TFLM lacks (FLOOR_DIV's SIGN/SELECT, REDUCE_ALL), this to compares and a SUM
+        end = torch.arange(o.shape[1], dtype=torch.float32) * self.hop + self.win
+        n = length.float().reshape(-1, 1)
+        last = ((end <= n) & (end + self.hop > n)).float()
+        return self.fc((o * last.unsqueeze(-1)).sum(1))
 
     def example_inputs(self, n: int = 8000):
         return torch.zeros(1, n), torch.tensor([n])
