@@ -30,7 +30,6 @@ import numpy as np
 import torch
 
 from tpu_pipeline.convert.iot.firmware import measure_arena
-from tpu_pipeline.convert.runtimes.measure import median_ms, torch_threads
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.loaders import load_object
 from tpu_pipeline.convert.module.lstm_int8 import full_integer
@@ -38,6 +37,7 @@ from tpu_pipeline.convert.module.lstm_reset import lstm_count
 from tpu_pipeline.convert.module.lstm_weights import int8_weights
 from tpu_pipeline.convert.module.recurrent import as_fused
 from tpu_pipeline.convert.runtimes.litert import LitertRunner
+from tpu_pipeline.convert.runtimes.measure import median_ms, torch_threads
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.errors import ConversionError
 from tpu_pipeline.testing.recurrent_models import SequenceEncoder

@@ -28,23 +28,23 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from tpu_pipeline.convert.verdict import parity, task_score
-from tpu_pipeline.convert.runtimes.browser import browser_unavailable, generate_litertjs
 from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
 from tpu_pipeline.convert.lm import litertlm, task_accuracy
+from tpu_pipeline.convert.runtimes.browser import browser_unavailable, generate_litertjs
+from tpu_pipeline.convert.verdict import parity, task_score
 from tpu_pipeline.convert.lm.decode_ready import (LLAMA_FAMILY, TOKENIZER_FILES, cache_lengths, eos_token_ids,
                                             generation_parity, load_hf_causal_lm, write_decode_ready)
 from tpu_pipeline.convert.lm.decode_ready_runtime import META_FILE, LiteRTLanguageModel
 from tpu_pipeline.convert.lm.quant_recipes import (heldout_sequences, quantize_lm, teacher_forced,
                                                    perplexity, tflite_perplexity, torch_logits)
-from tpu_pipeline.stats import wilson
-from tpu_pipeline.convert.runtimes.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.options import PROMPTS_DEFAULT, ConvertOptions
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
+from tpu_pipeline.convert.runtimes.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.targets import LM_RECIPES, TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo
 from tpu_pipeline.convert.tool_output import quiet_native
 from tpu_pipeline.errors import ConversionError, UserError
+from tpu_pipeline.stats import wilson
 
 MAX_NEW_TOKENS = 16
 RUNTIME = "ai-edge-litert XNNPACK (prefill/decode signatures)"

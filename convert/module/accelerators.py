@@ -18,12 +18,12 @@ from typing import Callable
 
 import numpy as np
 
-from tpu_pipeline.convert.verdict import checks
 from tpu_pipeline.convert.runtimes import overlap
 from tpu_pipeline.convert.runtimes.browser import browser_unavailable, run_litertjs_on
 from tpu_pipeline.convert.runtimes.litert import GPU_RUNTIME, GpuRun, Sample, from_artifact, run_gpu, to_artifact
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo
+from tpu_pipeline.convert.verdict import checks
 from tpu_pipeline.errors import ConversionError
 
 # got (outputs per sample, in PyTorch's terms) -> (per-output figures, passed, reasons it failed),

@@ -19,27 +19,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tpu_pipeline.convert.verdict import eval_data, output_kinds, parity, task_score
-from tpu_pipeline.convert.runtimes.browser import browser_unavailable, run_litertjs
 from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
-from tpu_pipeline.convert.runtimes.measure import MEASURE_THREADS, median_ms, torch_threads
+from tpu_pipeline.convert.module import lstm_int8
+from tpu_pipeline.convert.module.accelerators import FLOAT16_CHECK, Pending
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.global_pool import as_mean
-from tpu_pipeline.convert.module.max_pool import as_amax
-from tpu_pipeline.convert.module import lstm_int8
+from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs, load_model
 from tpu_pipeline.convert.module.lstm_reset import lstm_count
 from tpu_pipeline.convert.module.lstm_weights import int8_weights
+from tpu_pipeline.convert.module.max_pool import as_amax
 from tpu_pipeline.convert.module.recurrent import UNROLLED, as_fused
-from tpu_pipeline.convert.module.accelerators import FLOAT16_CHECK, Pending
-from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs, load_model
 from tpu_pipeline.convert.options import DEFAULT_SAMPLES, ConvertOptions
-from tpu_pipeline.convert.precision.quantize import quantize
 from tpu_pipeline.convert.precision import tflm_int8
+from tpu_pipeline.convert.precision.quantize import quantize
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
+from tpu_pipeline.convert.runtimes.browser import browser_unavailable, run_litertjs
 from tpu_pipeline.convert.runtimes.litert import LitertRunner, from_artifact, run_micro, to_artifact
+from tpu_pipeline.convert.runtimes.measure import MEASURE_THREADS, median_ms, torch_threads
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo, inspect_model
 from tpu_pipeline.convert.tool_output import first_line
+from tpu_pipeline.convert.verdict import eval_data, output_kinds, parity, task_score
 from tpu_pipeline.errors import ConversionError, UserError
 from tpu_pipeline.user_code import load_function
 

@@ -15,11 +15,11 @@ from typing import Sequence
 import numpy as np
 from ai_edge_quantizer import quantizer, recipe
 
-from tpu_pipeline.convert.verdict.int8_ranges import observed_ranges
-from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.convert.precision.tflite_rewrites import inline_buffers, lookups_as_gather
 from tpu_pipeline.convert.precision.tflm_int8 import for_tflm
+from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.convert.tool_output import first_line, quiet_native
+from tpu_pipeline.convert.verdict.int8_ranges import observed_ranges
 from tpu_pipeline.errors import ConversionError
 
 RECIPES = {"dynamic_int8": "dynamic_wi8_afp32", "static_int8": "static_wi8_ai8"}

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tpu_pipeline.convert.verdict import output_kinds
 from tpu_pipeline.convert.runtimes.litert import LitertRunner
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo, module_path, op_module
+from tpu_pipeline.convert.verdict import output_kinds
 
 EPS = 1e-12  # localization's relative layer error only (parity metrics handle zero norms explicitly)
 ENVELOPE = 2.0  # a variant may depart from PyTorch by up to 2x what its precision alone does there

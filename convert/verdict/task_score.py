@@ -41,10 +41,10 @@ from typing import Callable
 
 import numpy as np
 
-from tpu_pipeline.stats import wilson
-from tpu_pipeline.convert.verdict import output_kinds
 from tpu_pipeline.convert.tool_output import first_line
+from tpu_pipeline.convert.verdict import output_kinds
 from tpu_pipeline.errors import UserError
+from tpu_pipeline.stats import wilson
 from tpu_pipeline.user_code import load_function
 
 BOOTSTRAP = 200      # resamples for the intervals of metrics without a closed form, and of every drop

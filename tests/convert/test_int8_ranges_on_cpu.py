@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from tpu_pipeline.convert import convert
-from tpu_pipeline.convert.verdict import int8_ranges
 from tpu_pipeline.convert.precision.quantize import quantize
 from tpu_pipeline.convert.runtimes.litert import LitertRunner
 from tpu_pipeline.convert.tflite_info import inspect_model
+from tpu_pipeline.convert.verdict import int8_ranges
 from tpu_pipeline.testing import trained_models
 
 TASK_DROP = 0.02  # accuracy points: the bound test_trained_verdicts_on_cpu.py holds the trained models to

@@ -20,10 +20,10 @@ import tpu_pipeline.convert as tc
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.loaders import load_object
 from tpu_pipeline.convert.precision.quantize import quantize
+from tpu_pipeline.convert.precision.tflite_rewrites import has_external_buffers, lookups_as_gather
 from tpu_pipeline.convert.runtimes.litert import LitertRunner
 from tpu_pipeline.convert.targets import load_profiles
 from tpu_pipeline.convert.tflite_info import inspect_model
-from tpu_pipeline.convert.precision.tflite_rewrites import has_external_buffers, lookups_as_gather
 from tpu_pipeline.testing.convert_models import MODULE as TEST_MODELS
 from tpu_pipeline.testing.convert_models import TextCNN
 from tpu_pipeline.testing.model_files import manifest

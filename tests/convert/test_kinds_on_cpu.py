@@ -15,12 +15,12 @@ from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
 from tpu_pipeline.convert import load_profiles
-from tpu_pipeline.convert.verdict import checks
 from tpu_pipeline.convert.kinds import MODEL_KINDS, detection_order, register_kind
 from tpu_pipeline.convert.lm.kind import CausalLMKind
 from tpu_pipeline.convert.module.kind import ModuleKind
 from tpu_pipeline.convert.pipeline import model_kind
 from tpu_pipeline.convert.tflite_info import inspect_model
+from tpu_pipeline.convert.verdict import checks
 from tpu_pipeline.testing.model_files import manifest, tiny_cnn_tflite
 
 

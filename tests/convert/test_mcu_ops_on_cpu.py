@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 import tpu_pipeline.convert as tc
-from tpu_pipeline.convert.precision import tflm_int8
 from tpu_pipeline.convert.module.export import export_float
 from tpu_pipeline.convert.module.loaders import load_object
 from tpu_pipeline.convert.module.max_pool import as_amax
+from tpu_pipeline.convert.precision import tflm_int8
 from tpu_pipeline.convert.precision.quantize import quantize
 from tpu_pipeline.convert.runtimes.litert import run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
 
-import tpu_pipeline.convert as tc
 from tpu_pipeline.cli import cli
+import tpu_pipeline.convert as tc
 from tpu_pipeline.convert import load_model
 from tpu_pipeline.convert.module.kind import ModuleKind
 from tpu_pipeline.convert.runtimes.litert import BUILTIN_KERNELS, LitertRunner

@@ -10,11 +10,11 @@ import torch
 
 from tpu_pipeline.convert import compare, load_profiles
 from tpu_pipeline.convert.lm.quant_recipes import teacher_forced
-from tpu_pipeline.convert.verdict.output_kinds import OUTPUT_KINDS, UNKNOWN, decide, from_labels, mean_iou, parse
-from tpu_pipeline.stats import wilson
-from tpu_pipeline.convert.verdict.parity import verdict
 from tpu_pipeline.convert.report import render_html
+from tpu_pipeline.convert.verdict.output_kinds import OUTPUT_KINDS, UNKNOWN, decide, from_labels, mean_iou, parse
+from tpu_pipeline.convert.verdict.parity import verdict
 from tpu_pipeline.errors import UserError
+from tpu_pipeline.stats import wilson
 
 PROFILES = load_profiles()
 IOT, WEB = PROFILES.get("iot"), PROFILES.get("web")

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tpu_pipeline.convert.runtimes.browser import CHROMIUM_FLAGS, chromium_path
 from tpu_pipeline.convert.report import render_html
+from tpu_pipeline.convert.runtimes.browser import CHROMIUM_FLAGS, chromium_path
 
 REPORT = {
     "model": "pitch_net",

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
 from tpu_pipeline.convert import convert
-from tpu_pipeline.convert.verdict import eval_data, task_score
 from tpu_pipeline.convert.runtimes.browser import browser_unavailable
 from tpu_pipeline.convert.runtimes.litert import LitertRunner, run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model
+from tpu_pipeline.convert.verdict import eval_data, task_score
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.testing import trained_models
 

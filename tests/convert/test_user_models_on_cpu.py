@@ -15,9 +15,9 @@ import torch
 from ai_edge_litert import schema_py_generated as schema
 
 from tpu_pipeline.convert import convert
-from tpu_pipeline.convert.verdict import task_score
 from tpu_pipeline.convert.runtimes.litert import run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model
+from tpu_pipeline.convert.verdict import task_score
 from tpu_pipeline.testing import user_models
 
 pytestmark = pytest.mark.slow
