@@ -18,6 +18,7 @@ import numpy as np
 from tpu_pipeline.convert.npu import qnn_libs
 from tpu_pipeline.convert.npu.compile import ROOT_MODULE, Compiled, check_socs, compile_for
 from tpu_pipeline.convert.npu.simulator import HtpSimulator
+from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.errors import ConversionError
 
 SIMULATOR = "Qualcomm HTP simulator (x86 libQnnHtp.so via onnxruntime's QNN execution provider, CPU fallback off)"
@@ -85,7 +86,7 @@ def check(name: str, socs: list[str], min_share: float, max_rows: int, model: by
         say(f"{name}: {soc}: the compiled model on the HTP simulator over {len(rows)} parity rows"
             + (" (NPU partitions stitched with the CPU ops on XNNPACK)" if c.cpu_ops else ""))
         try:
-            sim_fig = _simulate(c, rows, judge, cpu_got, torch_judge)
+            sim_fig = _simulate(c, model, rows, judge, cpu_got, torch_judge)
         except ConversionError as e:
             fig.update(passed=False, reasons=[str(e)], simulator={"ran": False, "reason": str(e)})
             reasons.append(f"{soc}: {e}")
@@ -104,8 +105,9 @@ def check(name: str, socs: list[str], min_share: float, max_rows: int, model: by
     return NpuResult(passed=not reasons, failure=failure, reasons=reasons, figures=figures, models=models)
 
 
-def _simulate(c: Compiled, rows: list, judge: Judge, cpu_got: list, torch_judge: Judge | None) -> dict:
-    sim = HtpSimulator(c.model)
+def _simulate(c: Compiled, model: bytes, rows: list, judge: Judge, cpu_got: list, torch_judge: Judge | None) -> dict:
+    info = inspect_model(model)  # rows and the judge take the uncompiled model's signature order
+    sim = HtpSimulator(c.model, [t.name for t in info.inputs], [t.name for t in info.outputs])
     got, times = [], []
     for row in rows:
         t0 = time.perf_counter()

@@ -48,13 +48,15 @@ class HtpSimulator:
     """One compiled model, ready to run rows: `run(sample)` takes and returns arrays in PyTorch's
     terms (quantized I/O (de)quantized with the model's scales), like LitertRunner.run."""
 
-    def __init__(self, model: bytes):
+    def __init__(self, model: bytes, input_names: list[str] | None = None, output_names: list[str] | None = None):
+        """input_names/output_names: the order rows and results take (the uncompiled model's signature
+        order, ModelInfo's); the compile keeps tensor names, not necessarily the subgraph's order."""
         self.model = model
         self.m, self.partitions, self.cpu_ops = read_compiled(model)
         sg = self.m.subgraphs[0]
         self.sg = sg
-        self.inputs = [self._io(i, pos) for pos, i in enumerate(sg.inputs)]
-        self.outputs = [self._io(i, pos) for pos, i in enumerate(sg.outputs)]
+        self.inputs = _ordered([self._io(i, pos) for pos, i in enumerate(sg.inputs)], input_names, "input")
+        self.outputs = _ordered([self._io(i, pos) for pos, i in enumerate(sg.outputs)], output_names, "output")
         if not self.partitions:
             raise ConversionError("the compiled model has no NPU partition: nothing runs on the NPU")
         self.segments = self._segments()
@@ -180,6 +182,16 @@ class HtpSimulator:
     def run(self, sample: list[np.ndarray]) -> list[np.ndarray]:
         raw = self.run_raw([to_artifact(x, t) for x, t in zip(sample, self.inputs)])
         return [from_artifact(y, t) for y, t in zip(raw, self.outputs)]
+
+
+def _ordered(io: list[IOTensor], names: list[str] | None, what: str) -> list[IOTensor]:
+    if names is None:
+        return io
+    by_name = {t.name: t for t in io}
+    if sorted(by_name) != sorted(names):
+        raise ConversionError(f"the compiled model's {what}s ({', '.join(sorted(by_name))}) are not the model's "
+                              f"({', '.join(names)})")
+    return [by_name[n] for n in names]
 
 
 _DEVICES: list = []

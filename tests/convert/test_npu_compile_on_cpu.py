@@ -45,6 +45,18 @@ class WithAtan2(torch.nn.Module):
         return self.out(torch.relu(torch.atan2(self.fc(x), x + 1.0)))
 
 
+class CpuAtTheEdges(torch.nn.Module):
+    """Two inputs, two outputs; ATAN2 on the CPU first and last, the NPU in between."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x, y):
+        h = torch.relu(self.fc(torch.atan2(x, y)))
+        return torch.atan2(h, y + 2.0), h * 2
+
+
 def _tflite(net, shape, tmp, int8: bool) -> bytes:
     import litert_torch
 
@@ -129,6 +141,28 @@ def test_partly_offloaded_model_is_stitched_and_names_what_stays_on_the_cpu(mode
     cpu = LitertRunner(model, info)
     for r in _rows(shape):
         assert np.abs(sim.run(r)[0] - cpu.run(r)[0]).max() <= info.outputs[0].scale * 1.001
+
+
+def test_cpu_ops_first_and_last_and_several_inputs_and_outputs_are_stitched(tmp_path, libs):
+    import litert_torch
+
+    torch.manual_seed(0)
+    net = CpuAtTheEdges().eval()
+    litert_torch.convert(net, (torch.randn(1, 8), torch.randn(1, 8))).export(str(tmp_path / "m.tflite"))
+    model = (tmp_path / "m.tflite").read_bytes()
+    c = compile_for(model, "SM8650", libs)
+    assert c.stats()["cpu_ops"]["by_op"] == {"ATAN2": 2} and len(c.partitions) == 2
+    info = inspect_model(model)
+    sim = HtpSimulator(c.model, [t.name for t in info.inputs], [t.name for t in info.outputs])
+    kinds = ["cpu" if s.partition is None else "npu" for s in sim.segments]
+    assert kinds[0] == "cpu" and kinds[-1] == "cpu" and kinds.count("npu") == 2
+    cpu = LitertRunner(model, info)
+    for r in _rows((1, 8), 3):
+        r = r + [np.random.default_rng(1).standard_normal((1, 8)).astype(np.float32)]
+        got, ref = sim.run(r), cpu.run(r)
+        assert len(got) == 2 and all(np.abs(g - f).max() < 5e-3 for g, f in zip(got, ref))  # fp16 on the HTP
+    with pytest.raises(ConversionError, match="outputs .* are not the model's"):
+        HtpSimulator(c.model, None, ["no_such_output", "other"])
 
 
 def test_damaged_bytecode_is_refused_not_run(models, libs):
