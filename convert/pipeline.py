@@ -177,7 +177,8 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
 def _convert(kind: type[ModelKind], model, sample_args, o: ConvertOptions, label: str, model_path: Path | None,
              out_dir: Path, wanted: list[TargetProfile], skipped: dict, rng: np.random.Generator, say: Progress,
              t0: float) -> ConvertResult:
-    if shapes.wanted(o):
+    if shapes.wanted(o) or (model_path is not None and issubclass(kind, ModuleKind)
+                            and shapes.in_manifest(model_path)):  # a model.pt that lists its shape buckets
         return _convert_buckets(model, sample_args, o, label, model_path, out_dir, wanted, skipped, rng, say, t0)
     if o.pad:
         raise UserError("--pad says how a row fills a shape bucket: give the buckets with --shapes or --dynamic")

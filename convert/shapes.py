@@ -94,6 +94,18 @@ def wanted(o: ConvertOptions) -> bool:
     return bool(o.shapes or o.dynamic)
 
 
+def in_manifest(path: Path) -> bool:
+    """Whether MODEL is a model.pt manifest that names shape buckets (its shape_buckets field)."""
+    if not path.is_file():
+        return False
+    try:  # mmap: the tensors are not read, only the manifest's fields
+        m = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - not a manifest (a .pt2, a pickle): the loader says what it is
+        return False
+    return isinstance(m, dict) and isinstance(m.get("shape_buckets"), dict) and bool(
+        m["shape_buckets"].get("shapes") or m["shape_buckets"].get("dynamic"))
+
+
 def _dims(text: str, flag: str, spec: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(d) for d in text.strip().lower().split("x"))
@@ -345,6 +357,11 @@ def convert_buckets(m: LoadedModel, o: ConvertOptions, label: str, out_dir: Path
     """Every bucket through the per-target steps (run_bucket: pipeline.py's), one precision per target,
     the shipped artifact (signatures or files) checked, everything written in one staged folder."""
     m = _named(m)
+    listed = m.shape_buckets or {}
+    if not (o.shapes or o.dynamic):  # the manifest's buckets; flags replace them (--pad only the padding)
+        o = dataclasses.replace(o, shapes=tuple(listed.get("shapes", ())), dynamic=tuple(listed.get("dynamic", ())))
+    if not o.pad and listed.get("pad"):
+        o = dataclasses.replace(o, pad=tuple(listed["pad"]))
     names = m.input_names
     buckets = parse_buckets(o.shapes, o.dynamic, names, [tuple(a.shape) for a in m.sample_args])
     pads = parse_pad(o.pad, names, buckets)

@@ -18,7 +18,8 @@ def write_model(path: Path, *, model_class: str, model_kwargs: dict, state_dict:
                 example_inputs: Sequence[torch.Tensor], input_names: Sequence[str],
                 output_names: Sequence[str], task: str, recipe: str, metrics: dict[str, Any],
                 calibration_inputs: Sequence[torch.Tensor] | None = None,
-                output_kinds: dict[str, str] | None = None) -> None:
+                output_kinds: dict[str, str] | None = None,
+                shape_buckets: dict[str, Sequence[str]] | None = None) -> None:
     """Writes the manifest atomically; tensors stay as trained (dtype and device).
 
     calibration_inputs: real inputs from the training data, one tensor per
@@ -28,6 +29,9 @@ def write_model(path: Path, *, model_class: str, model_kwargs: dict, state_dict:
     output_kinds: output name -> what it is (logits, probabilities, regression, embedding,
     dense_map, token_logits; tpu_pipeline.convert.verdict.output_kinds), which decides how convert
     judges each artifact's output; an output left out is inferred from the graph or unknown.
+    shape_buckets: inputs of several shapes, as convert's flags take them: {"shapes":
+    ["x=1x16000,1x32000"]} or {"dynamic": ["x:1=16000..64000"]}, with "pad": ["x=length:len"]
+    (docs/convert/shapes.md); convert then makes a signature per bucket unless its flags say otherwise.
     """
     if not model_class.startswith("tpu_pipeline."):
         raise ValueError(f"model_class must live inside tpu_pipeline, got {model_class!r}")
@@ -43,6 +47,8 @@ def write_model(path: Path, *, model_class: str, model_kwargs: dict, state_dict:
         "recipe": recipe,
         "metrics": dict(metrics),
     }
+    if shape_buckets:
+        obj["shape_buckets"] = {str(k): [str(x) for x in v] for k, v in shape_buckets.items()}
     if output_kinds:
         obj["output_kinds"] = {str(k): str(v) for k, v in output_kinds.items()}
     if calibration_inputs is not None:

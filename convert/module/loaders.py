@@ -46,6 +46,8 @@ class LoadedModel:
     notes: list[str] = dataclasses.field(default_factory=list)  # what was changed on the way (bf16 cast, ...)
     int_high: list[int | None] = dataclasses.field(default_factory=list)  # per input: exclusive upper bound for int samples
     calibration: list[torch.Tensor] | None = None  # manifest's calibration_inputs: real rows, (N, *shape[1:]) per input
+    shape_buckets: dict[str, list[str]] | None = None  # manifest's shape_buckets: shapes/dynamic/pad as the flags take
+                                                       # them (convert/shapes.py)
 
 
 def parse_input_shape(spec: str) -> tuple[tuple[int, ...], torch.dtype]:
@@ -290,6 +292,7 @@ def _from_exported(ep, input_shapes) -> LoadedModel:
 # tpu_pipeline module could run code when imported (tpu_pipeline.__main__ starts the CLI) or name
 # a function that writes files; the class must also be an nn.Module (checked in _build).
 MANIFEST_MODULES = ("tpu_pipeline.train.models.", "tpu_pipeline.testing.")
+SHAPE_BUCKET_KEYS = ("shapes", "dynamic", "pad")  # a manifest's shape_buckets: what --shapes/--dynamic/--pad take
 
 
 def _field(m: dict, key: str, types: tuple[type, ...], path: Path, what: str):
@@ -329,10 +332,16 @@ def _from_manifest(m: dict, path: Path, input_shapes, model_class, model_kwargs)
     if calib is not None and (not isinstance(calib, (list, tuple)) or len(calib) != len(args) or not all(
             isinstance(c, torch.Tensor) and tuple(c.shape[1:]) == tuple(a.shape[1:]) for c, a in zip(calib, args))):
         raise UserError(f"{path}: calibration_inputs must hold one (N, *input_shape[1:]) tensor per input")
+    buckets = _field(m, "shape_buckets", (dict,), path, "an object")
+    if buckets is not None and (set(buckets) - set(SHAPE_BUCKET_KEYS) or not all(
+            isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v) for v in buckets.values())):
+        raise UserError(f"{path}: manifest field 'shape_buckets' takes {', '.join(SHAPE_BUCKET_KEYS)}, each a list of "
+                        "strings as the flags take them (shapes: ['x=1x16000,1x32000'])")
     return LoadedModel(module=module, sample_args=args, source_format="tpu-pipeline model.pt manifest",
                        input_names=names, output_names=m.get("output_names"), task=m.get("task"), notes=notes,
                        output_kinds=m.get("output_kinds") if isinstance(m.get("output_kinds"), dict) else None,
-                       calibration=[c.cpu() for c in calib] if calib is not None and not input_shapes else None)
+                       calibration=[c.cpu() for c in calib] if calib is not None and not input_shapes else None,
+                       shape_buckets={k: list(v) for k, v in buckets.items()} if buckets else None)
 
 
 def _load_hf_folder(path: Path, input_shapes, seq_len) -> LoadedModel:

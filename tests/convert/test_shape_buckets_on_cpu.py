@@ -199,3 +199,21 @@ def test_two_resolutions_exact_rows_and_batch_by_resize(tmp_path):
     mj = json.loads((tmp_path / "out" / "desktop" / "model.json").read_text())
     assert [s["io"]["inputs"][0]["shape"] for s in mj["shapes"]["signatures"]] == [[1, 3, 32, 32], [1, 3, 48, 64]]
     assert all(s["batch_resize"]["works"] for s in mj["shapes"]["signatures"])
+
+
+def test_manifest_lists_its_buckets_and_the_cli_converts_them(tmp_path):
+    from tpu_pipeline.train.manifest import write_model
+
+    torch.manual_seed(0)
+    net = TwoResolutionCNN().eval()
+    write_model(tmp_path / "model.pt", model_class="tpu_pipeline.testing.shape_models:TwoResolutionCNN",
+                model_kwargs={}, state_dict=net.state_dict(), example_inputs=net.example_inputs(),
+                input_names=["image"], output_names=["logits"], task="classification", recipe="test", metrics={},
+                shape_buckets={"shapes": ["image=1x3x32x32,1x3x40x40"], "pad": ["image=none"]})
+    r = CliRunner().invoke(cli, ["convert", str(tmp_path / "model.pt"), "--targets", "desktop", "--out",
+                                 str(tmp_path / "out"), "--samples", "4", "--no-latency"])
+    assert r.exit_code == 0, r.output
+    assert "desktop: bucket image_1x3x40x40: ok float32 cos(min) 1.000000" in r.output
+    mj = json.loads((tmp_path / "out" / "desktop" / "model.json").read_text())
+    assert [s["name"] for s in mj["shapes"]["signatures"]] == ["image_1x3x32x32", "image_1x3x40x40"]
+    assert mj["shapes"]["padding"]["image"]["rule"] == "none"
