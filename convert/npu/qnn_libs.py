@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import os
+import tempfile
 from pathlib import Path
 
 from tpu_pipeline.errors import UserError
@@ -76,7 +77,12 @@ def _linked(src: Path, version: str) -> Path:
     if missing:
         raise UserError(f"onnxruntime-qnn {version} at {src} lacks {', '.join(missing)}; reinstall: {INSTALL_HINT}")
     # one folder per installed copy: two venvs (a clone's CI beside a checkout) never repoint each other's links
-    d = cache_root() / f"qnn-{version}-{hashlib.sha256(str(src).encode()).hexdigest()[:10]}"
+    name = f"qnn-{version}-{hashlib.sha256(str(src).encode()).hexdigest()[:10]}"
+    d = cache_root() / name
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home (CI sandboxes): the links go to the temporary folder instead
+        d = Path(tempfile.gettempdir()) / f"tpu-pipeline-{os.getuid()}" / name
     want = {n: src / n for n in NEEDED} | {n: src / s for n, s in STAND_IN.items()}
     # auditwheel's libc++ beside them: the libraries find it through $ORIGIN, which a symlink moves here
     vendored = src.parent / f"{src.name}.libs"

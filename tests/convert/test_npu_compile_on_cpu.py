@@ -224,3 +224,11 @@ def test_a_qnn_sdk_of_ones_own_is_used_as_it_is_and_checked(tmp_path, monkeypatc
         qnn_libs.require()
     monkeypatch.setenv(qnn_libs.SDK_ENV, str(libs.lib_dir))
     assert qnn_libs.require().lib_dir == libs.lib_dir
+
+
+def test_an_unwritable_cache_falls_back_to_the_temporary_folder(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")  # no folder can be made under a file, whoever runs the test (root too)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file" / "cache"))
+    monkeypatch.setattr(qnn_libs.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    got = qnn_libs.require().lib_dir
+    assert str(got).startswith(str(tmp_path / "tmp")) and (got / "libQnnHtp.so").is_symlink()
