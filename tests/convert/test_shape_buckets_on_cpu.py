@@ -20,7 +20,7 @@ from tpu_pipeline.convert.shapes import _lengths, _one_precision, parse_buckets,
 from tpu_pipeline.convert.targets import load_profiles
 from tpu_pipeline.errors import EXIT_BAD_INPUT, EXIT_PARITY, UserError
 from tpu_pipeline.testing.model_files import manifest
-from tpu_pipeline.testing.shape_models import MaskedTextCNN, MeanTextCNN, TwoResolutionCNN
+from tpu_pipeline.testing.shape_models import GRUKeyword, MaskedTextCNN, MeanTextCNN, TwoResolutionCNN
 
 pytestmark = pytest.mark.slow
 
@@ -217,3 +217,22 @@ def test_manifest_lists_its_buckets_and_the_cli_converts_them(tmp_path):
     mj = json.loads((tmp_path / "out" / "desktop" / "model.json").read_text())
     assert [s["name"] for s in mj["shapes"]["signatures"]] == ["image_1x3x32x32", "image_1x3x40x40"]
     assert mj["shapes"]["padding"]["image"]["rule"] == "none"
+
+
+def test_gru_keyword_model_with_a_length_input_on_xnnpack_and_tflm(tmp_path):
+    torch.manual_seed(0)
+    net = GRUKeyword().eval()
+    res = tc.convert(net, net.example_inputs(2048), targets="desktop,iot", out=tmp_path / "out",
+                     dynamic=("audio:1=2000..4096",), pad=("audio=length:length",), samples=4, latency=False)
+    assert res.passed, {n: t.errors for n, t in res.targets.items()}
+    assert [b["name"] for b in res["desktop"].buckets] == ["audio_1x2048", "audio_1x4096"]
+    assert all(b["parity"]["cosine"] > 0.999999 for b in res["desktop"].buckets)
+    assert all(b["parity"]["cosine_mean"] > 0.99 and b["quantization"] == "static_int8" for b in res["iot"].buckets)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    # half the rows are shorter than their bucket; the length input keeps the answer exactly
+    assert all(v["padded_rows"] == 2 and v["max_rel"] < 1e-5 for v in report["shapes"]["padding_check"].values())
+    mj = json.loads((tmp_path / "out" / "iot" / "model.json").read_text())
+    assert mj["shapes"]["padding"]["audio"] == {**mj["shapes"]["padding"]["audio"], "rule": "length",
+                                                "companion": "length", "axis": 1}
+    runner = (tmp_path / "out" / "iot" / "bucket_runner.h").read_text()
+    assert "interp.input(1)->data.i32[0] = n;" in runner  # the length input takes the real length

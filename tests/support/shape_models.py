@@ -54,12 +54,13 @@ class GRUKeyword(nn.Module):
     def forward(self, audio, length):
         h = torch.relu(self.conv(audio.unsqueeze(1))).transpose(1, 2)
         o, _ = self.gru(h)
-        # the last frame inside the audio, as a one-hot over frames: an integer division and a
-        # gather lower to ops TFLM lacks (FLOOR_DIV's SIGN/SELECT, REDUCE_ALL), this to compares and a SUM
-        end = torch.arange(o.shape[1], dtype=torch.float32) * self.hop + self.win
-        n = length.float().reshape(-1, 1)
-        last = ((end <= n) & (end + self.hop > n)).float()
-        return self.fc((o * last.unsqueeze(-1)).sum(1))
+        # the last frame inside the audio, chosen by integer compares and a select: an integer division
+        # and a gather lower to ops TFLM lacks (FLOOR_DIV's SIGN/SELECT, REDUCE_ALL), and float compares
+        # leave float32 tensors the full-integer iot variant refuses
+        end = torch.arange(o.shape[1]) * self.hop + self.win
+        n = length.reshape(-1, 1)
+        last = (end <= n) & (end + self.hop > n)
+        return self.fc(torch.where(last.unsqueeze(-1), o, torch.zeros_like(o)).sum(1))
 
     def example_inputs(self, n: int = 8000):
         return torch.zeros(1, n), torch.tensor([n])
