@@ -199,6 +199,16 @@ def test_shape_buckets_are_refused_for_the_npu_in_one_line(tmp_path):
         tc.convert(_net(WithAtan2), (torch.randn(1, 8),), targets="android-npu", out=tmp_path / "out",
                    shapes=("x=1x8,2x8",))
     assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+    # a model.pt that names its own shape buckets
+    from tpu_pipeline.testing.model_files import manifest
+
+    path = manifest("DepthwiseCNN", tmp_path / "model.pt")
+    obj = torch.load(path, weights_only=True)
+    obj["shape_buckets"] = {"shapes": ["x=1x1x8x8,1x1x16x16"]}
+    torch.save(obj, path)
+    with pytest.raises(UserError, match="this model's shape buckets are not compiled for the NPU"):
+        tc.convert(path, targets="android-npu", out=tmp_path / "out2")
+    assert not (tmp_path / "out2").exists()
 
 
 def _cli(args, tmp_path, env_extra=None):
