@@ -236,3 +236,32 @@ def test_gru_keyword_model_with_a_length_input_on_xnnpack_and_tflm(tmp_path):
                                                 "companion": "length", "axis": 1}
     runner = (tmp_path / "out" / "iot" / "bucket_runner.h").read_text()
     assert "interp.input(1)->data.i32[0] = n;" in runner  # the length input takes the real length
+
+
+def test_a_profile_that_drops_failing_buckets_ships_the_rest_and_names_the_one_left_out(tmp_path):
+    from tpu_pipeline.convert.targets import profile_dir
+
+    prof = tmp_path / "profiles"
+    prof.mkdir()
+    text = (profile_dir() / "desktop.toml").read_text()
+    (prof / "desktop.toml").write_text(text + 'bucket_failure = "drop"  # ship the buckets that pass\n')
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    rng = np.random.default_rng(0)
+    for k, n in enumerate([16, 16, 16, 20, 25, 32]):  # bucket 16: exact rows; bucket 32: two padded
+        np.save(rows / f"row{k}.npy", rng.integers(0, 1000, (1, n)))
+    torch.manual_seed(0)
+    net = MeanTextCNN().eval()  # its mean reads the padding
+    res = tc.convert(net, net.example_inputs(16), targets="desktop", out=tmp_path / "out", profile_dir=str(prof),
+                     shapes=("ids=1x16,1x32",), eval_data=str(rows), latency=False)
+    t = res["desktop"]
+    assert t.passed and res.exit_code == 0
+    assert [(b["name"], b["passed"]) for b in t.buckets] == [("ids_1x16", True), ("ids_1x32", False)]
+    assert any(w.startswith("bucket ids_1x32 failed: padding changes the output") and w.endswith(
+        "(shipped without it: the profile's bucket_failure is drop)") for w in t.warnings)
+    model = (tmp_path / "out" / "desktop" / "model.tflite").read_bytes()
+    from ai_edge_litert.interpreter import Interpreter
+    assert list(Interpreter(model_content=model).get_signature_list()) == ["ids_1x16"]
+    mj = json.loads((tmp_path / "out" / "desktop" / "model.json").read_text())
+    assert [(s["name"], s["passed"], s.get("signature")) for s in mj["shapes"]["signatures"]] == [
+        ("ids_1x16", True, "ids_1x16"), ("ids_1x32", False, None)]
