@@ -12,10 +12,10 @@ so a model whose output padding changes is refused in one line.
 
 Per target, one precision is chosen over all buckets (the profile's most
 preferred that passes in every bucket). Where the runtime loads signatures
-(ai-edge-litert) the buckets ship as named signatures of one .tflite,
-weights stored once (litert-torch shares equal constants), and each
-signature of that file is run again against PyTorch; TFLM (iot) and LiteRT.js
-(web, as checked here) get one file per bucket. model.json's `shapes` says
+(ai-edge-litert; LiteRT.js for web) the buckets ship as named signatures of one
+.tflite, weights stored once (litert-torch shares equal constants), and each
+signature of that file is run again against PyTorch on those runtimes; TFLM
+(iot) gets one file per bucket. model.json's `shapes` says
 which, with every bucket's shape, padding, file and arena. A failing bucket
 is named; the profile's `bucket_failure` decides whether the target ships
 without it ("drop") or fails ("fail").
@@ -38,13 +38,14 @@ from tpu_pipeline import files
 from tpu_pipeline.convert.iot.firmware import measure_arena, suggested_arena, write_c_array
 from tpu_pipeline.convert.kinds import Progress
 from tpu_pipeline.convert.module import bucket_snippets
-from tpu_pipeline.convert.module.buckets import (batch_resize, export_signatures, run_signature, signature_calibration,
-                                                 signature_io)
+from tpu_pipeline.convert.module.buckets import (batch_resize, export_signatures, run_signature,
+                                                 run_signature_litertjs, signature_calibration, signature_io)
 from tpu_pipeline.convert.module.kind import ModuleKind
 from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs
 from tpu_pipeline.convert.options import DEFAULT_SAMPLES, ConvertOptions
 from tpu_pipeline.convert.precision.quantize import quantize
 from tpu_pipeline.convert.result import Artifact, ConvertResult, TargetResult
+from tpu_pipeline.convert.runtimes.browser import browser_unavailable
 from tpu_pipeline.convert.runtimes.measure import torch_threads
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import inspect_model
@@ -504,10 +505,9 @@ def _bucket_kind(m: LoadedModel, o: ConvertOptions, b: Bucket, below: Bucket | N
 
 
 def _layout(prof: TargetProfile) -> str:
-    """signatures: one .tflite, a signature per bucket (ai-edge-litert loads it and runs each by name);
-    files: one .tflite per bucket (TFLM runs a model's first subgraph only; the LiteRT.js check here
-    runs one signature per file)."""
-    return "signatures" if prof.runtime == "ai-edge-litert" and not prof.browser_parity else "files"
+    """signatures: one .tflite, a signature per bucket (ai-edge-litert and LiteRT.js load it and run
+    each by name); files: one .tflite per bucket (TFLM runs a model's first subgraph only)."""
+    return "signatures" if prof.runtime == "ai-edge-litert" else "files"
 
 
 def _ship(prof: TargetProfile, per_bucket: list[_Bucketed], names: list[str], work: Path, made: dict,
@@ -611,27 +611,36 @@ def _signature_artifact(prof: TargetProfile, precision: str, ok: list[_Bucketed]
             calib = signature_calibration(float_model, {x.bucket.name: x.kind.calib for x in ok})
         cache[key] = quantize(float_model, precision, calib)
     model = cache[key]
+    runners, skipped = {"ai-edge-litert": run_signature}, {}
+    if prof.browser_parity and (why := browser_unavailable()):
+        skipped["litert.js"] = why  # as each bucket's own browser run says: not run, never passed
+    elif prof.browser_parity:  # the page loads the one file and runs each signature by name
+        say(f"{prof.name}: each signature of the shipped file in LiteRT.js (headless Chromium)")
+        runners["litert.js"] = run_signature_litertjs
     figures, worst = {}, None
     for x in ok:
         r = x.results[prof.name]
-        got = run_signature(model, x.bucket.name, x.kind.samples)
         own = _outputs_of(r, x.kind.samples)
         per = {}
-        for k in range(len(x.kind.ref[0])):
-            c = parity.compare([row[k] for row in x.kind.ref], [row[k] for row in got], kind=x.kind.output_kind(k))
-            same = max(float(np.abs(np.asarray(g[k], np.float64) - np.asarray(o_[k], np.float64)).max(initial=0))
-                       for g, o_ in zip(got, own)) if own else None
-            per[x.kind.output_names[k]] = {"cosine": c["cosine"], "cosine_mean": c.get("cosine_mean"),
-                                           "max_abs": c["max_abs"], "max_abs_vs_bucket_file": same}
-            cos = c.get("cosine_mean", c["cosine"]) if not prof.check_abs else c["cosine"]
-            if cos < prof.min_cosine and (worst is None or cos < worst[0]):
-                worst = (cos, x.bucket.name, x.kind.output_names[k])
+        for where, runner in runners.items():
+            got = runner(model, x.bucket.name, x.kind.samples)
+            for k in range(len(x.kind.ref[0])):
+                c = parity.compare([row[k] for row in x.kind.ref], [row[k] for row in got], kind=x.kind.output_kind(k))
+                same = max(float(np.abs(np.asarray(g[k], np.float64) - np.asarray(o_[k], np.float64)).max(initial=0))
+                           for g, o_ in zip(got, own)) if own else None
+                per.setdefault(x.kind.output_names[k], {})[where] = {
+                    "cosine": c["cosine"], "cosine_mean": c.get("cosine_mean"), "max_abs": c["max_abs"],
+                    "max_abs_vs_bucket_file": same}
+                cos = c.get("cosine_mean", c["cosine"]) if not prof.check_abs else c["cosine"]
+                if cos < prof.min_cosine and (worst is None or cos < worst[0]):
+                    worst = (cos, x.bucket.name, x.kind.output_names[k], where)
         figures[x.bucket.name] = per
-    check = {"runtime": "ai-edge-litert (XNNPACK), each signature by name", "signatures": figures,
-             "bytes": len(model), "passed": worst is None}
+    check = {"runtime": ", ".join(runners) + ": each signature by name (max_abs_vs_bucket_file: against the "
+             "bucket's own checked file on ai-edge-litert)", "signatures": figures, "bytes": len(model),
+             "passed": worst is None, **({"skipped": skipped} if skipped else {})}
     if worst is not None:
-        check["reason"] = (f"signature {worst[1]} of the shipped file: output {worst[2]} cosine {worst[0]:.6f} against "
-                           f"PyTorch, under the profile's {prof.min_cosine}")
+        check["reason"] = (f"signature {worst[1]} of the shipped file on {worst[3]}: output {worst[2]} cosine "
+                           f"{worst[0]:.6f} against PyTorch, under the profile's {prof.min_cosine}")
     return Artifact(model=model, precision=precision), check
 
 
@@ -686,8 +695,8 @@ def _write(prof: TargetProfile, r: TargetResult, layout: str, arts: dict[str, Ar
     base["shapes"] = {"layout": layout, "signatures": entries, "padding": shapes_json["padding"],
                       "choose": "the smallest bucket whose shape holds the input on every axis; pad by `padding`, "
                                 "run that signature (or file), crop outputs that grew with the padding"}
-    language = {"kotlin": "kotlin", "swift": "swift"}.get(prof.app_snippet) if layout == "signatures" else (
-        "js" if prof.browser_parity else "cpp" if prof.firmware else None)
+    language = ("js" if prof.browser_parity else {"kotlin": "kotlin", "swift": "swift"}.get(prof.app_snippet)
+                ) if layout == "signatures" else ("cpp" if prof.firmware else None)
     if r.passed and language:
         written = bucket_snippets.write(language, base, sub, out.name)
         if written is not None:

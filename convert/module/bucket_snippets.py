@@ -1,7 +1,7 @@
 """App code for a model with shape buckets (convert/shapes.py), from its model.json: pick the
 smallest bucket that holds the input, pad it by the model's rule, run that signature (or file),
 crop outputs that grew with the padding. Kotlin (LiteRT CompiledModel, signatures by name),
-Swift (TensorFlowLiteSwift's SignatureRunner), JavaScript (LiteRT.js, a file per bucket) and
+Swift (TensorFlowLiteSwift's SignatureRunner), JavaScript (LiteRT.js, signatures by name) and
 C++ (TFLM, a model array and arena per bucket). Text to paste into an app, like snippets.py's:
 the padded axis must be the input's last (token ids, audio samples); buckets that differ
 elsewhere (image sizes, rule "none") take the input at a bucket's exact shape."""
@@ -150,38 +150,37 @@ final class BucketRunner {{
 
 def _js(model_json: dict, plan: dict, model_name: str) -> str:
     v, comp = plan["varying"], plan["companion"]
-    table = json.dumps([{"file": b["file"], "signature": b["signature"], "length": b["length"]}
-                        for b in plan["buckets"]], indent=2)
+    table = json.dumps([{"signature": b["signature"] or b["name"], "length": b["length"]} for b in plan["buckets"]])
     feeds = []
-    for n, t in plan["inputs"]:
+    for i, (n, t) in enumerate(plan["inputs"]):
         if n == v:
-            feeds.append(f"    padded(input, b.length, {JS[t]}).tensor([1, b.length])")
+            feeds.append(f"    args_{i}: new Tensor(padded(input, b.length, {JS[t]}), [1, b.length]),")
         elif n == comp and plan["rule"] == "length":
-            feeds.append(f"    new Tensor(new {JS[t]}([input.length]), [1])")
+            feeds.append(f"    args_{i}: new Tensor(new {JS[t]}([input.length]), [1]),")
         elif n == comp:
-            feeds.append(f"    new Tensor({JS[t]}.from({{length: b.length}}, (_, i) => i < input.length ? 1 : 0), [1, b.length])")
+            feeds.append(f"    args_{i}: new Tensor({JS[t]}.from({{length: b.length}}, (_, i) => i < input.length ? 1 : 0), "
+                         "[1, b.length]),")
     return f"""{_header("//", model_json, plan, model_name)}
-// LiteRT.js (npm @litertjs/core): each bucket's file is compiled on first use.
+// LiteRT.js (npm @litertjs/core): model.tflite holds a signature per bucket, run by name.
 import {{loadAndCompile, Tensor}} from '@litertjs/core';
 
 const BUCKETS = {table};
-const compiled = new Map();
+let model = null;
 
 function padded(input, length, Type) {{
   const a = new Type(length);
   a.set(input);
-  return {{tensor: shape => new Tensor(a, shape)}};
+  return a;
 }}
 
-// Runs the smallest bucket that holds `input` ({v}); returns the outputs.
-export async function runBucketed(input, baseUrl = './') {{
+// Runs the smallest bucket that holds `input` ({v}); returns the signature's outputs by name.
+export async function runBucketed(input, url = './model.tflite') {{
   const b = BUCKETS.find(x => x.length >= input.length);
   if (!b) throw new Error(`input of ${{input.length}} is longer than the largest bucket`);
-  if (!compiled.has(b.file)) compiled.set(b.file, await loadAndCompile(baseUrl + b.file, {{accelerator: 'wasm'}}));
-  const model = compiled.get(b.file);
-  return model.run([
-{(','+chr(10)).join(feeds)}
-  ]);
+  model = model || await loadAndCompile(url, {{accelerator: 'wasm'}});
+  return model.run(b.signature, {{
+{chr(10).join(feeds)}
+  }});
 }}
 """
 

@@ -148,3 +148,24 @@ def batch_resize(model: bytes, rows: list[list[np.ndarray]], batch: int = RESIZE
     scale = max(float(np.abs(np.concatenate([np.ravel(x) for a in alone for x in a])).max(initial=0)), 1e-30)
     return {"works": worst <= 1e-5 * scale, "batch": batch, "max_abs": worst,
             **({} if worst <= 1e-5 * scale else {"why": f"rows differ batched and alone (max_abs {worst:.3g})"})}
+
+
+def run_signature_litertjs(model: bytes, signature: str, rows: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """`rows` through one signature of `model` in headless Chromium (LiteRT.js, wasm), fed and read
+    like run_signature (the signature's own keys, dtypes and int8 scales) -> float32 outputs per row."""
+    from tpu_pipeline.convert.runtimes.browser import run_litertjs
+
+    run = _runner(model, signature)
+    ins, outs = run.get_input_details(), run.get_output_details()
+    in_keys, out_keys = _ordered(ins), _ordered(outs)
+    fed = [[_quantized(x, ins[k]) for k, x in zip(in_keys, row)] for row in rows]
+    got = run_litertjs(model, fed, input_names=in_keys, output_names=out_keys, signature=signature)
+    out = []
+    for row in got:
+        vals = []
+        for k, y in zip(out_keys, row):
+            y, (scale, zero) = np.asarray(y), outs[k]["quantization"]
+            vals.append(((y.astype(np.float32) - zero) * scale) if y.dtype.kind in "iu" and scale
+                        else y.astype(np.float32))
+        out.append(vals)
+    return out

@@ -86,17 +86,19 @@ def browser_unavailable() -> str | None:
 
 
 def run_litertjs(model: bytes | str | Path, samples: list[list[np.ndarray]], *, input_names: list[str] | None = None,
-                 output_names: list[str] | None = None, timeout: float = 120.0) -> list[list[np.ndarray]]:
+                 output_names: list[str] | None = None, timeout: float = 120.0,
+                 signature: str | None = None) -> list[list[np.ndarray]]:
     """Runs each sample in headless Chromium (wasm). Inputs are given, and outputs
     returned, in the order of `input_names`/`output_names` (the signature's
-    keys) when given, else in the model's tensor order."""
+    keys) when given, else in the model's tensor order. signature: run that
+    signature of a model with several (shape buckets), by name; needs both name lists."""
     return run_litertjs_on("wasm", model, samples, input_names=input_names, output_names=output_names,
-                           timeout=timeout)[0]
+                           timeout=timeout, signature=signature)[0]
 
 
 def run_litertjs_on(accelerator: str, model: bytes | str | Path, samples: list[list[np.ndarray]], *,
                     input_names: list[str] | None = None, output_names: list[str] | None = None,
-                    timeout: float = 120.0) -> tuple[list[list[np.ndarray]], dict]:
+                    timeout: float = 120.0, signature: str | None = None) -> tuple[list[list[np.ndarray]], dict]:
     """run_litertjs on LiteRT.js's `accelerator` ("wasm" or "webgpu") -> (outputs per sample,
     what ran: {"accelerator", "fully_accelerated", "adapter"}). The accelerator is the one the
     page compiled for, which LiteRT.js may have replaced with wasm (it does so unasked for a
@@ -105,8 +107,11 @@ def run_litertjs_on(accelerator: str, model: bytes | str | Path, samples: list[l
     if accelerator not in ACCELERATORS:
         raise ValueError(f"accelerator {accelerator!r}: one of {', '.join(ACCELERATORS)}")
     names = input_names or [None] * len(samples[0])
+    if signature is not None and not (input_names and output_names):
+        raise ValueError("a signature is run with named inputs and outputs (input_names, output_names)")
     job = {"accelerator": accelerator,
-           "samples": [[_encode(a, n) for a, n in zip(sample, names)] for sample in samples]}
+           "samples": [[_encode(a, n) for a, n in zip(sample, names)] for sample in samples],
+           **({"signature": signature} if signature is not None else {})}
     result = _run_job(model, job, timeout)
     ran = {"accelerator": result.get("accelerator"), "fully_accelerated": result.get("fullyAccelerated"),
            "adapter": result.get("adapter")}

@@ -101,7 +101,7 @@ def test_masked_text_cnn_buckets_as_signatures_and_files_each_checked(tmp_path):
     net = MaskedTextCNN().eval()
     lengths = [9, 16, 16, 12, 20, 32, 32, 25]  # four rows to each bucket, two of them padded
     ev = _rows_folder(tmp_path / "rows", lengths)
-    res = tc.convert(net, net.example_inputs(16), targets="desktop,iot", out=tmp_path / "out",
+    res = tc.convert(net, net.example_inputs(16), targets="desktop,web,iot", out=tmp_path / "out",
                      shapes=("ids=1x16,1x32", "mask=1x16,1x32"), pad=("ids=mask:mask",), eval_data=str(ev),
                      latency=False)
     assert res.passed, {n: t.errors for n, t in res.targets.items()}
@@ -134,7 +134,8 @@ def test_masked_text_cnn_buckets_as_signatures_and_files_each_checked(tmp_path):
     # batch 4 by resize_tensor_input: the text CNN's RESHAPE to a constant shape refuses it (said, not shipped)
     assert all(not b["batch_resize"]["works"] and "RESHAPE" in b["batch_resize"]["why"] for b in desk.buckets)
     check = desk.parity["signature_file"]
-    assert check["passed"] and all(v["output_0"]["max_abs_vs_bucket_file"] == 0.0 for v in check["signatures"].values())
+    assert check["passed"] and all(v["output_0"]["ai-edge-litert"]["max_abs_vs_bucket_file"] == 0.0
+                                   for v in check["signatures"].values())
     # the shipped file run by signature name gives PyTorch's answer on an unpadded row of 12 tokens
     rng = np.random.default_rng(1)
     ids = rng.integers(0, 1000, (1, 12))
@@ -142,6 +143,16 @@ def test_masked_text_cnn_buckets_as_signatures_and_files_each_checked(tmp_path):
     padded = [np.pad(ids, ((0, 0), (0, 4))).astype(np.int32), np.pad(np.ones((1, 12), np.float32), ((0, 0), (0, 4)))]
     got = run_signature(model, "ids_1x16_mask_1x16", [padded])[0][0]
     assert np.abs(got - want).max() < 1e-5
+
+    # web: the same one file, each signature run by name in LiteRT.js (headless Chromium) against PyTorch
+    web = res["web"]
+    mj_web = json.loads((tmp_path / "out" / "web" / "model.json").read_text())
+    assert mj_web["shapes"]["layout"] == "signatures" and (tmp_path / "out" / "web" / "model.tflite").is_file()
+    for name, per in web.parity["signature_file"]["signatures"].items():
+        js = per["output_0"]["litert.js"]
+        assert js["cosine"] > 0.9999 and js["max_abs_vs_bucket_file"] < 1e-3, (name, js)
+    runner = (tmp_path / "out" / "web" / "bucket_runner.js").read_text()
+    assert '{"signature": "ids_1x16_mask_1x16", "length": 16}' in runner and "model.run(b.signature, {" in runner
 
     # iot: one file per bucket (TFLM runs one subgraph), each with its firmware files and arena
     mj = json.loads((tmp_path / "out" / "iot" / "model.json").read_text())
