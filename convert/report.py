@@ -304,6 +304,22 @@ def _npu(t: dict) -> str:
     return f"NPU (Qualcomm QNN {e(str(npu.get('qnn_version')))}):<br>" + "<br>".join(lines)
 
 
+def _buckets(t: dict) -> str:
+    """Shape buckets (convert/shapes.py): each bucket's verdict, and how the shipped file was checked."""
+    e, rows = html.escape, []
+    for b in t.get("buckets") or []:
+        p, lat = b.get("parity") or {}, b.get("latency_ms") or {}
+        why = "" if b.get("passed") else ": " + ((b.get("errors") or ["failed"])[0])
+        rows.append(f"bucket {e(b['name'])} {'passes' if b.get('passed') else 'FAILS'} ({e(str(b.get('quantization')))}, "
+                    f"cosine {_cell(p.get('cosine'))}"
+                    + (f", {lat['artifact']:.3g} ms" if lat.get("artifact") is not None else "") + f"){e(why)}")
+    sig = (t.get("parity") or {}).get("signature_file")
+    if sig:
+        rows.append(f"one file, a signature per bucket, rerun by name on {e(sig['runtime'].split(':')[0])}: "
+                    f"{'matches' if sig.get('passed') else 'FAILS'}")
+    return "<br>".join(rows)
+
+
 def _cards(report: dict) -> str:
     """The answer first: a card per target."""
     e, cards = html.escape, []
@@ -334,7 +350,8 @@ def _cards(report: dict) -> str:
             f"<h3>{e(name)}: {'ships' if ok else 'refused'}</h3>"
             f"<p class='facts'>{e(t.get('quantization') or '-')} &middot; "
             f"{f'{size:,} bytes' if isinstance(size, int) else 'no artifact'} &middot; {e(lat_s)}<br>{task_s}</p>"
-            + (f"<p class='npu'>{npu}</p>" if (npu := _npu(t)) else "") +
+            + (f"<p class='npu'>{npu}</p>" if (npu := _npu(t)) else "")
+            + (f"<p class='buckets'>{bk}</p>" if (bk := _buckets(t)) else "") +
             f"<p class='why'><b>why:</b> {e(_why(t))}</p>"
             f"<p class='todo'><b>what to do:</b> {e(_todo(name, t))}</p></div>")
     return f"<div class='cards'>{''.join(cards)}</div>"

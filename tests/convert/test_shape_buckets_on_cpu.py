@@ -118,6 +118,9 @@ def test_masked_text_cnn_buckets_as_signatures_and_files_each_checked(tmp_path):
     assert {k: v["padded_rows"] for k, v in report["shapes"]["padding_check"].items()} == {
         "ids_1x16_mask_1x16": 2, "ids_1x32_mask_1x32": 2}
     assert all(v["max_rel"] < 1e-5 for v in report["shapes"]["padding_check"].values())
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "bucket ids_1x32_mask_1x32 passes (float32, cosine 1" in page
+    assert "one file, a signature per bucket, rerun by name on ai-edge-litert, litert.js: matches" in page
 
     # desktop: one file, a signature per bucket, weights stored once
     mj = json.loads((tmp_path / "out" / "desktop" / "model.json").read_text())
