@@ -279,3 +279,30 @@ def test_a_profile_that_drops_failing_buckets_ships_the_rest_and_names_the_one_l
     mj = json.loads((tmp_path / "out" / "desktop" / "model.json").read_text())
     assert [(s["name"], s["passed"], s.get("signature")) for s in mj["shapes"]["signatures"]] == [
         ("ids_1x16", True, "ids_1x16"), ("ids_1x32", False, None)]
+
+
+def test_static_int8_signature_file_calibrates_every_signature(tmp_path):
+    """Full-integer on ai-edge-litert (a copy of the iot profile run on XNNPACK): one file, its
+    int8 ranges calibrated over every bucket's rows in one pass, each signature with its own scales."""
+    from tpu_pipeline.convert.targets import profile_dir
+
+    prof = tmp_path / "profiles"
+    prof.mkdir()
+    text = (profile_dir() / "iot.toml").read_text()
+    text = text.replace('runtime = "tflite-micro"', 'runtime = "ai-edge-litert"').replace(
+        "firmware = true", "firmware = false")
+    (prof / "int8cpu.toml").write_text(text)
+    torch.manual_seed(0)
+    net = TwoResolutionCNN().eval()
+    res = tc.convert(net, net.example_inputs(), targets="int8cpu", out=tmp_path / "out", profile_dir=str(prof),
+                     shapes=("x=1x3x32x32,1x3x48x48",), pad=("x=none",), samples=8, latency=False)
+    t = res["int8cpu"]
+    assert t.passed, t.errors
+    assert t.quantization == "static_int8" and all(b["quantization"] == "static_int8" for b in t.buckets)
+    sig = t.parity["signature_file"]
+    assert sig["passed"] and all(v["output_0"]["ai-edge-litert"]["cosine_mean"] > 0.99
+                                 for v in sig["signatures"].values())
+    mj = json.loads((tmp_path / "out" / "int8cpu" / "model.json").read_text())
+    assert mj["shapes"]["layout"] == "signatures"
+    ins = [s["io"]["inputs"][0] for s in mj["shapes"]["signatures"]]
+    assert [i["dtype"] for i in ins] == ["int8", "int8"] and all(i["quantization"]["scale"] > 0 for i in ins)
