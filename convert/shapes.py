@@ -48,7 +48,7 @@ from tpu_pipeline.convert.result import Artifact, ConvertResult, TargetResult
 from tpu_pipeline.convert.runtimes.browser import browser_unavailable
 from tpu_pipeline.convert.runtimes.measure import torch_threads
 from tpu_pipeline.convert.targets import TargetProfile
-from tpu_pipeline.convert.tflite_info import inspect_model
+from tpu_pipeline.convert.tool_output import first_line
 from tpu_pipeline.convert.verdict import eval_data, output_kinds, parity, task_score
 from tpu_pipeline.errors import ConversionError, UserError
 
@@ -475,7 +475,7 @@ def _bucket_kind(m: LoadedModel, o: ConvertOptions, b: Bucket, below: Bucket | N
         ref_unpadded = _torch(m.module, br.unpadded)
     except Exception as e:  # noqa: BLE001 - rows the model cannot run are bad input
         raise UserError(f"the model does not run on the rows of bucket {b.name} ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''})") from None
+                        f"{first_line(e)})") from None
     # the export traces the first row: a length or mask input then holds a value valid at this shape
     mb = dataclasses.replace(m, sample_args=tuple(torch.from_numpy(np.array(x)) for x in br.rows[0]),
                              calibration=None, notes=list(m.notes))
@@ -553,9 +553,11 @@ def _ship(prof: TargetProfile, per_bucket: list[_Bucketed], names: list[str], wo
         return out, layout, arts
     try:
         art, check = _signature_artifact(prof, precision, ok, work, made, say)
-    except ConversionError as e:
+    except Exception as e:  # noqa: BLE001 - the export, the quantizer or a runtime: this target fails, the others ship
+        why = str(e) if isinstance(e, ConversionError) else f"{type(e).__name__}: {first_line(e)}"
         out.passed, out.failure = False, "conversion"
-        out.errors.append(f"the buckets pass one by one, but the file with a signature per bucket could not be made: {e}")
+        out.errors.append(f"the buckets pass one by one, but the file with a signature per bucket could not be made "
+                          f"or checked: {why}")
         return out, "files", {f"model_{x.bucket.name}.tflite": x.results[prof.name].artifact for x in ok}
     out.parity["signature_file"] = check
     for x, b in zip(per_bucket, out.buckets):  # batch through resize_tensor_input, where the graph allows it
