@@ -23,6 +23,8 @@ LONG_FILES = (
     "tests/convert/test_lm_export.py",
     "tests/convert/test_litertlm_on_cpu.py",
     "tests/convert/test_kinds_on_cpu.py",
+    "tests/convert/test_shape_buckets_on_cpu.py",  # each bucket through every target's steps, four runtimes
+    "tests/convert/test_npu_target_on_cpu.py",  # LiteRT's AOT compile per SoC and the HTP simulator
     "tests/convert/test_convert_under_load_on_cpu.py",  # conversions and browser sessions beside busy processes
     "tests/core/test_tpu_contract_on_cpu.py",  # the real torch-tpu, in .venv-tpu's children
     "tests/rl/test_resume_on_cpu.py",
