@@ -31,6 +31,7 @@ from tpu_pipeline.convert.runtimes.litert import run_micro
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.testing import mlperf_tiny
 from tpu_pipeline.testing.convert_models import TextCNN, mcu_block
+from tpu_pipeline.testing.tables import markdown_rows
 
 # times one invoke on TFLM in a child (TFLM aborts the process on a bad model)
 _TIME = """
@@ -125,10 +126,7 @@ def main() -> None:
     (a.out / "mlperf_tiny.json").write_text(json.dumps(rows, indent=1))
     cols = ["model", "params", "passed", "ops", "flash_bytes", "arena_bytes", "tflm_ms", "eager_1t_ms", "cosine", "top1",
             "acc_torch", "acc_tflm", "rewrites", "convert_s"]
-    print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
-    for r in rows:
-        cells = [f"{r.get(c):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]
-        print("| " + " | ".join(cells) + " |")
+    print(markdown_rows(rows, cols))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import torch
 
 import tpu_pipeline.convert as tc
 from tpu_pipeline.testing import mlperf_tiny, trained_models, zoo
+from tpu_pipeline.testing.tables import markdown_rows
 
 ZOO = ("resnet", "mobilenet_v2", "vit")
 
@@ -77,10 +78,7 @@ def main() -> None:
     (a.out / "npu.json").write_text(json.dumps(rows, indent=1))
     cols = ["model", "precision", "soc", "ops", "partitions", "bytes", "compile_s", "sim_s_per_row",
             "vs_xnnpack_max_abs", "vs_xnnpack_lsb", "sim_cosine", "sim_top1", "cpu_cosine", "passed"]
-    print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
-    for r in rows:
-        cells = [f"{r.get(c):.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]
-        print("| " + " | ".join(cells) + " |")
+    print(markdown_rows(rows, cols))
 
 
 if __name__ == "__main__":
