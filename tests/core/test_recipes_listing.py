@@ -66,7 +66,7 @@ def test_registries_lists_every_registry_with_where_each_entry_is_defined():
     assert set(rows) >= {"command", "train task", "rl task source", "rl reward", "kernel model family",
                          "LM recipe", "model kind", "LM family", "target"}
     assert {"train", "rl", "convert"} <= {e["name"] for e in rows["command"]["entries"]}
-    assert {e["name"] for e in rows["target"]["entries"]} == {"android", "ios", "desktop", "web", "iot"}
+    assert {e["name"] for e in rows["target"]["entries"]} == {"android", "android-npu", "ios", "desktop", "web", "iot"}
     for row in rows.values():
         assert row["how_to_add"] and row["entries"], row["kind"]
         for e in row["entries"]:
