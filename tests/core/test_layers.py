@@ -47,6 +47,10 @@ def test_the_layers_hold(tmp_path):
     ("tpu_pipeline.convert.verdict.output_kinds", "import tpu_pipeline.convert.verdict.parity", "convert.verdict"),
     # turn-taking reaching up into a runner
     ("tpu_pipeline.convert.runtimes.overlap", "import tpu_pipeline.convert.runtimes.browser", "convert.runtimes: runners"),
+    # where the QNN libraries come from reaching up into the compile step
+    ("tpu_pipeline.convert.npu.qnn_libs", "import tpu_pipeline.convert.npu.compile", "convert.npu"),
+    # the per-bucket steps reaching up into the pipeline that calls them
+    ("tpu_pipeline.convert.shapes", "import tpu_pipeline.convert.pipeline", "convert: pipeline > kinds"),
     # a flatbuffer rewrite calling back into quantize
     ("tpu_pipeline.convert.precision.tflm_int8", "import tpu_pipeline.convert.precision.quantize", "convert.precision"),
     # a task reaching up into train's machinery
