@@ -31,25 +31,25 @@ import numpy as np
 import torch
 
 from tpu_pipeline import files
-from tpu_pipeline.convert.runtimes import browser, overlap
-from tpu_pipeline.convert.verdict import checks, int8_ranges, layer_errors, output_kinds, task_score
+from tpu_pipeline.convert import shapes
 from tpu_pipeline.convert.iot.firmware import measure_arena, suggested_arena, write_c_array
 from tpu_pipeline.convert.kinds import ModelKind, Progress, detection_order
 from tpu_pipeline.convert.lm import kind as _lm_kind  # noqa: F401 - registers CausalLMKind (see model_kind)
 from tpu_pipeline.convert.module.kind import ModuleKind
+from tpu_pipeline.convert.module.loaders import load_model, load_object
 from tpu_pipeline.convert.npu import check as npu_check
 from tpu_pipeline.convert.npu.ai_pack import write_ai_pack
-from tpu_pipeline.convert.module.loaders import load_model, load_object
 from tpu_pipeline.convert.options import FLAGS, ConvertOptions
 from tpu_pipeline.convert.precision.quantize import RANGE_ESTIMATORS, quantize
 from tpu_pipeline.convert.report import render_html
 from tpu_pipeline.convert.result import Artifact, ConvertResult, Parity, TargetResult
-from tpu_pipeline.convert import shapes
+from tpu_pipeline.convert.runtimes import browser, overlap
 from tpu_pipeline.convert.runtimes.litert import gpu_worker_ahead
 from tpu_pipeline.convert.snippets import write_snippet
 from tpu_pipeline.convert.targets import TargetProfile, load_profiles, resolve_targets
 from tpu_pipeline.convert.tflite_info import inspect_model, module_path
 from tpu_pipeline.convert.tool_output import first_line
+from tpu_pipeline.convert.verdict import checks, int8_ranges, layer_errors, output_kinds, task_score
 from tpu_pipeline.errors import ConversionError, PipelineError, UserError
 
 def model_kind(model_path: Path) -> type[ModelKind]:
