@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import socket
 import struct
 import subprocess
@@ -141,6 +142,7 @@ def main(folder: Path, png: Path, wait_s: float = 120.0) -> None:
             if p is not None:
                 p.terminate()
                 p.wait(timeout=30)
+        shutil.rmtree(profile, ignore_errors=True)  # Chromium's profile: nothing left in /tmp
 
 
 if __name__ == "__main__":
