@@ -54,7 +54,7 @@ def test_kind_detection(tmp_path):
 def test_kinds_register_where_defined_and_are_asked_in_detect_order():
     # registration order follows import order; detection must not
     assert detection_order() == [CausalLMKind, ModuleKind]
-    assert [(e.name, e.obj.name, e.defined_in) for e in MODEL_KINDS.entries()] == [
+    assert sorted((e.name, e.obj.name, e.defined_in) for e in MODEL_KINDS.entries()) == [
         ("causal-lm", "causal-lm", "tpu_pipeline.convert.lm.kind"),
         ("module", "module", "tpu_pipeline.convert.module.kind")]
     assert all(e.description for e in MODEL_KINDS.entries())
