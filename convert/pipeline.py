@@ -241,7 +241,8 @@ def _convert_buckets(model, sample_args, o: ConvertOptions, label: str, model_pa
         warned = loaded.prepare(profiles, float_model, rng)
         run = _Run(model=loaded, float_model=float_model, o=o, work=work, say=say)
         gate = _float_gate(run, gate_prof)
-        return _targets(profiles, run, gate), lambda again: _targets(again, run, gate), export_s, warned
+        return (_targets(profiles, run, gate), lambda again: _targets(again, run, gate), export_s, warned,
+                _gate_json(gate_prof, gate))
 
     return shapes.convert_buckets(m, o, label, out_dir, wanted, skipped, rng, say, t0, run_bucket=run_bucket,
                                   html=_html, versions=_versions)

@@ -345,11 +345,13 @@ class _Bucketed:
     pad_figures: dict
     pad_error: str | None
     export_s: float
+    float_export: dict | None  # the float32 gate's figures on this bucket (pipeline.py's report["float_export"])
 
 
 # pipeline.py's per-target steps for one bucket's model kind, in a work folder ->
-# (results, a rerun for other profiles on the same variants, export seconds, warnings)
-RunBucket = Callable[[ModuleKind, list[TargetProfile], Path], tuple[list[TargetResult], Callable, float, list[str]]]
+# (results, a rerun for other profiles on the same variants, export seconds, warnings, float32 gate)
+RunBucket = Callable[[ModuleKind, list[TargetProfile], Path],
+                     tuple[list[TargetResult], Callable, float, list[str], dict | None]]
 
 
 def convert_buckets(m: LoadedModel, o: ConvertOptions, label: str, out_dir: Path, wanted: list[TargetProfile],
@@ -382,11 +384,12 @@ def convert_buckets(m: LoadedModel, o: ConvertOptions, label: str, out_dir: Path
                 say(f"bucket {b.name}: {pad_err.split(':')[0]}")
                 results = [TargetResult(target=p.name, quantization=(list(p.precisions) or [p.precision])[0],
                                         runtime=p.runtime_note).fail("parity", pad_err) for p in wanted]
-                again, export_s = None, 0.0
+                again, export_s, gate = None, 0.0, None
             else:
-                results, again, export_s, warned = run_bucket(kind, wanted, work / b.name)
+                results, again, export_s, warned, gate = run_bucket(kind, wanted, work / b.name)
                 warnings += [w for w in warned if w not in warnings]
-            per_bucket.append(_Bucketed(b, kind, {r.target: r for r in results}, again, pad_fig, pad_err, export_s))
+            per_bucket.append(_Bucketed(b, kind, {r.target: r for r in results}, again, pad_fig, pad_err, export_s,
+                                        gate))
         t_ship = time.perf_counter()
         made: dict = {}  # signature files by (precision, buckets): targets that share one make it once
         shipped = {p.name: _ship(p, per_bucket, names, work, made, say) for p in wanted}
@@ -395,7 +398,8 @@ def convert_buckets(m: LoadedModel, o: ConvertOptions, label: str, out_dir: Path
         shapes_json = {"buckets": [b.to_json(names) for b in buckets], "padding": {n: p.to_json() for n, p in pads.items()},
                        "rows_from": given["source"]}
         report = {"model": label, "kind": "module", **last.report_fields(), "warnings": warnings,
-                  "export_s": sum(x.export_s for x in per_bucket), "versions": versions(), "float_export": None,
+                  "export_s": sum(x.export_s for x in per_bucket), "versions": versions(),
+                  "float_export": _float_export(per_bucket),
                   "shapes": {**shapes_json, "padding_check": {x.bucket.name: x.pad_figures for x in per_bucket},
                              "ship_s": ship_s}, "targets": {}, "skipped_targets": skipped}
         by_name = {p.name: p for p in wanted}
@@ -413,6 +417,17 @@ def convert_buckets(m: LoadedModel, o: ConvertOptions, label: str, out_dir: Path
             files.atomic_write_text(stage / "report.html", page)
     report["out"] = str(out_dir)
     return result
+
+
+def _float_export(per_bucket: list[_Bucketed]) -> dict | None:
+    """report.json's float_export over the buckets: passed only if every bucket's float32 export did,
+    each bucket's figures under `buckets` (a bucket refused in PyTorch, or whose float export did not
+    run, has none)."""
+    gates = {x.bucket.name: x.float_export for x in per_bucket if x.float_export is not None}
+    if not gates:
+        return None
+    first = next(iter(gates.values()))
+    return {"judged_as": first["judged_as"], "passed": all(g["passed"] for g in gates.values()), "buckets": gates}
 
 
 def _named(m: LoadedModel) -> LoadedModel:

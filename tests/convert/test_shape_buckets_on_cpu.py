@@ -118,6 +118,10 @@ def test_masked_text_cnn_buckets_as_signatures_and_files_each_checked(tmp_path):
     assert {k: v["padded_rows"] for k, v in report["shapes"]["padding_check"].items()} == {
         "ids_1x16_mask_1x16": 2, "ids_1x32_mask_1x32": 2}
     assert all(v["max_rel"] < 1e-5 for v in report["shapes"]["padding_check"].values())
+    gate = report["float_export"]  # the float32 export judged per bucket, as desktop
+    assert gate["passed"] and gate["judged_as"] == "desktop"
+    assert {k: (v["passed"], v["cosine"] > 0.999999) for k, v in gate["buckets"].items()} == {
+        "ids_1x16_mask_1x16": (True, True), "ids_1x32_mask_1x32": (True, True)}
     page = (tmp_path / "out" / "report.html").read_text()
     assert "bucket ids_1x32_mask_1x32 passes (float32, cosine 1" in page
     assert "one file, a signature per bucket, rerun by name on ai-edge-litert, litert.js: matches" in page
@@ -191,6 +195,7 @@ def test_a_model_that_padding_changes_is_refused_with_the_padding_message(tmp_pa
                                   "on 3 padded rows departs from PyTorch on the same rows unpadded")
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["shapes"]["padding_check"]["ids_1x16"]["cosine_min"] < 0.999
+    assert report["float_export"] is None  # both buckets refused in PyTorch: no export was made to judge
     # nothing ships: no artifact outside failed/
     assert not (tmp_path / "out" / "desktop" / "model.tflite").exists()
     assert not list((tmp_path / "out" / "desktop").glob("*.tflite"))
