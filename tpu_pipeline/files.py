@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -37,13 +38,19 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def json_text(obj: Any, indent: int | None = None) -> str:
+    """Standard JSON, which apps parse (JavaScript's JSON.parse, Swift's JSONDecoder): a figure that is
+    not finite (an SNR of exact outputs, a NaN output) is written as null, never as Infinity or NaN."""
+    return json.dumps(_finite(obj), indent=indent, allow_nan=False, default=_json_default)
+
+
 def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    atomic_write_text(path, json_text(obj, indent=2) + "\n")
 
 
 def append_jsonl(path: str | Path, obj: Any) -> None:
     with open(path, "a") as f:
-        f.write(json.dumps(obj, default=_json_default) + "\n")
+        f.write(json_text(obj) + "\n")
 
 
 def sha256_file(path: str | Path) -> str:
@@ -75,6 +82,18 @@ def staged_dir(final: str | Path) -> Iterator[Path]:
     os.replace(stage, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if not isinstance(obj, (str, bytes, int)) and hasattr(obj, "tolist"):  # numpy / torch scalars and arrays
+        return _finite(obj.tolist())
+    return obj
 
 
 def _json_default(obj: Any) -> Any:

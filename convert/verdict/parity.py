@@ -70,9 +70,10 @@ def compare(ref: list[np.ndarray], got: list[np.ndarray], *, kind: str | None = 
         "rmse": float(np.sqrt((d ** 2).mean())) if d.size else 0.0,
         "cosine": float(cos.min()),          # worst sample
         "cosine_mean": float(cos.mean()),
-        # per-sample scale divided out, so 1e-12 outputs do not underflow into a 0 dB figure
-        "snr_db": float(10 * np.log10(max(((rf / scale[:, None]) ** 2).sum(), tiny) /
-                                      max(((df / scale[:, None]) ** 2).sum(), tiny))),
+        # per-sample scale divided out, so 1e-12 outputs do not underflow into a 0 dB figure; a difference
+        # of the logs, since signal / tiny overflows to inf when the outputs match exactly (int outputs)
+        "snr_db": float(10 * (np.log10(max(((rf / scale[:, None]) ** 2).sum(), tiny)) -
+                              np.log10(max(((df / scale[:, None]) ** 2).sum(), tiny)))),
         "scale": float(rms.max(initial=0.0)),  # largest per-sample RMS of the PyTorch output
         "within_tol": bool(np.all((np.abs(df) <= bound))),
         "tol_ratio": float(np.nan_to_num(excess, posinf=np.finfo(np.float64).max).max(initial=0.0)),

@@ -40,6 +40,14 @@ def test_matching_outputs_pass_at_any_scale(scale):
     assert v["passed"], v["reasons"]
 
 
+def test_exactly_equal_outputs_give_a_finite_snr_without_a_warning():
+    ref = [np.array([[3.0, 0.0, 7.0]]) for _ in range(4)]  # an argmax or a copied integer output
+    with np.errstate(all="raise"):
+        m = compare(ref, [r.copy() for r in ref])
+    assert m["max_abs"] == 0.0 and m["cosine"] == 1.0
+    assert np.isfinite(m["snr_db"]) and m["snr_db"] > 1000  # the largest figure float64 can say, not inf
+
+
 @pytest.mark.parametrize("scale", [1e-12, 1.0, 1e6])
 def test_mismatched_outputs_fail_at_any_scale(scale):
     ref, _ = _outputs(scale, 0.0)

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from typing import Literal
 
+import numpy as np
 import pytest
+import torch
 
 from tpu_pipeline import UserError
 from tpu_pipeline.config import load
-from tpu_pipeline.files import atomic_write_json, sha256_file, staged_dir
+from tpu_pipeline.files import append_jsonl, atomic_write_json, sha256_file, staged_dir
 from tpu_pipeline.registry import REGISTRIES, Registry
 
 
@@ -90,3 +94,19 @@ def test_staged_dir_keeps_old_output_on_failure(tmp_path):
     assert (out / "a.json").read_text().strip().startswith("{")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dist"]
     assert len(sha256_file(out / "a.json")) == 64
+
+
+def test_json_files_are_standard_json_with_non_finite_figures_as_null(tmp_path):
+    # JavaScript's JSON.parse and Swift's JSONDecoder refuse Infinity and NaN, and apps read model.json
+    figures = {"snr_db": math.inf, "cosine": 1.0, "worst": np.float32("nan"), "rows": [np.float64(-np.inf), 2],
+               "grid": np.array([[1.5, np.nan]]), "loss": torch.tensor(float("nan")), "steps": np.int64(3)}
+    want = {"snr_db": None, "cosine": 1.0, "worst": None, "rows": [None, 2], "grid": [[1.5, None]], "loss": None,
+            "steps": 3}
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not standard JSON"))
+
+    atomic_write_json(tmp_path / "report.json", figures)
+    append_jsonl(tmp_path / "metrics.jsonl", figures)
+    assert strict((tmp_path / "report.json").read_text()) == want
+    assert strict((tmp_path / "metrics.jsonl").read_text()) == want

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
+from tpu_pipeline import files
 from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
 
 
@@ -96,7 +96,7 @@ def command(model, targets, out, input_shapes, shapes, dynamic, pad, model_class
                      profile_dir=profile_dir, prompts=prompts, lm_max_len=lm_max_len, lm_prefill_len=lm_prefill_len,
                      **({"lm_task": lm_task} if lm_task is not None else {}))
     if as_json:
-        click.echo(json.dumps(result.report, indent=2, default=str))
+        click.echo(files.json_text(result.report, indent=2))
     else:
         _print_table(result.report)
     result.raise_for_failures()
