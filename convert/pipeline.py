@@ -125,9 +125,6 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
     profiles = resolve_targets(o.targets, load_profiles(o.profile_dir))
     for p in profiles:
         if p.npu_socs:  # a SoC that cannot compile here, no [npu] extra: one line before anything is read
-            if shapes.wanted(o):
-                raise UserError(f"target {p.name} compiles one fixed-shape signature per SoC; --shapes/--dynamic "
-                                "buckets are not compiled for the NPU yet: convert each shape as its own model")
             npu_check.preflight(p.name, p.npu_socs)
     o = dataclasses.replace(o, max_task_drop=task_score.parse_max_drop(o.max_task_drop, [p.name for p in profiles]))
     in_memory = isinstance(model, (torch.nn.Module, torch.export.ExportedProgram))
@@ -224,10 +221,6 @@ def _convert_buckets(model, sample_args, o: ConvertOptions, label: str, model_pa
     if model_path is not None and not issubclass(model_kind(model_path), ModuleKind):
         raise UserError("--shapes/--dynamic apply to nn.Module models (a causal-LM folder is exported decode-ready "
                         "with its own prefill and decode signatures)")
-    npu = next((p.name for p in wanted if p.npu_socs), None)
-    if npu:  # a model.pt naming its shape buckets (--shapes/--dynamic are refused in convert())
-        raise UserError(f"target {npu} compiles one fixed-shape signature per SoC; this model's shape buckets are "
-                        "not compiled for the NPU yet: convert each shape as its own model")
     m = load_object(model, sample_args) if model_path is None else load_model(
         model_path, input_shapes=list(o.input_shapes), model_class=o.model_class, model_kwargs=o.model_kwargs,
         trust_pickle=o.trust_pickle)

@@ -276,12 +276,22 @@ def _todo(name: str, t: dict) -> str:
     return "see the details below"
 
 
+def npu_per_soc(npu: dict | None) -> list[tuple[str, dict]]:
+    """report.json's android-npu figures as (label, one compile's figures): per SoC, or with shape
+    buckets per bucket and SoC ("SM8650, bucket x_1x3x32x32")."""
+    if not npu:
+        return []
+    if "buckets" in npu:
+        return [(f"{soc}, bucket {name}", f) for name, b in npu["buckets"].items() for soc, f in b.get("socs", {}).items()]
+    return list(npu.get("socs", {}).items())
+
+
 def _npu(t: dict) -> str:
     """android-npu, per SoC: what the NPU took (first), then what the HTP simulator said and which QNN ran it."""
     npu, e, lines = t.get("npu"), html.escape, []
     if not npu:
         return ""
-    for soc, f in npu.get("socs", {}).items():
+    for soc, f in npu_per_soc(npu):
         if "ops_total" not in f:
             lines.append(f"{e(soc)}: <b>not compiled</b> ({e('; '.join(f.get('reasons') or []))})")
             continue

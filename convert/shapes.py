@@ -521,8 +521,9 @@ def _bucket_kind(m: LoadedModel, o: ConvertOptions, b: Bucket, below: Bucket | N
 
 def _layout(prof: TargetProfile) -> str:
     """signatures: one .tflite, a signature per bucket (ai-edge-litert and LiteRT.js load it and run
-    each by name); files: one .tflite per bucket (TFLM runs a model's first subgraph only)."""
-    return "signatures" if prof.runtime == "ai-edge-litert" else "files"
+    each by name); files: one .tflite per bucket (TFLM runs a model's first subgraph only; an NPU compile
+    takes one fixed-shape signature, so android-npu has a compiled file per bucket and SoC)."""
+    return "signatures" if prof.runtime == "ai-edge-litert" and not prof.npu_socs else "files"
 
 
 def _ship(prof: TargetProfile, per_bucket: list[_Bucketed], names: list[str], work: Path, made: dict,
@@ -552,6 +553,11 @@ def _ship(prof: TargetProfile, per_bucket: list[_Bucketed], names: list[str], wo
         out.timings_s[k] = sum(r.timings_s.get(k, 0.0) for r in rs)
     out.latency_ms = rs[-1].latency_ms if ok else None
     out.parity = _merged_parity(rs)
+    if prof.npu_socs:  # android-npu: each bucket compiled per SoC and run on the HTP simulator (pipeline's _npu)
+        out.npu = {"qnn_version": next((r.npu["qnn_version"] for r in rs if r.npu), None),
+                   "buckets": {x.bucket.name: r.npu for x, r in zip(per_bucket, rs) if r.npu}}
+        out.warnings.append("android-npu with shape buckets: a compiled file per bucket and SoC "
+                            "(<SoC>/model_<bucket>.tflite, listed in <SoC>/model.json); no app snippet or AI pack yet")
     named = [f"bucket {x.bucket.name} failed: {r.errors[0] if r.errors else r.failure}" for x, r in bad]
     if bad and (prof.bucket_failure != "drop" or not ok):
         out.passed = False
@@ -719,6 +725,33 @@ def _write(prof: TargetProfile, r: TargetResult, layout: str, arts: dict[str, Ar
         if written is not None:
             r.app_snippet = base["app_snippet"] = str(out / rel / written.name)
     files.atomic_write_json(sub / "model.json", base)
+    if r.npu:
+        _write_npu(r, per_bucket, entries, base, sub, out / rel)
+
+
+def _write_npu(r: TargetResult, per_bucket: list[_Bucketed], entries: list[dict], base: dict, sub: Path,
+               where: Path) -> None:
+    """android-npu: DIR/android-npu/<SoC>/model_<bucket>.tflite, each bucket's compile for that SoC,
+    and <SoC>/model.json listing them with their partition stats and simulator figures."""
+    written = {e["name"]: e["inputs"] for e in entries if e.get("file")}
+    per_soc: dict[str, list[dict]] = {}
+    for x in per_bucket:
+        b = x.results[r.target]
+        if x.bucket.name not in written or not b.npu:
+            continue
+        for soc, compiled in b.npu_models.items():
+            (sub / soc).mkdir(exist_ok=True)
+            fname = f"model_{x.bucket.name}.tflite"
+            (sub / soc / fname).write_bytes(compiled)
+            stats = b.npu["socs"][soc]
+            stats["artifact"] = str(where / soc / fname)
+            per_soc.setdefault(soc, []).append({
+                "name": x.bucket.name, "inputs": written[x.bucket.name], "file": fname, "sha256": files.sha256_file(sub / soc / fname), "size_bytes": len(compiled),
+                "npu": {k: v for k, v in stats.items() if k != "soc"}})
+    for soc, signatures in per_soc.items():
+        files.atomic_write_json(sub / soc / "model.json", {
+            **base, "soc": soc, "compiled_for": f"Qualcomm {soc} (LiteRT AOT, QNN {r.npu['qnn_version']})",
+            "shapes": {**base["shapes"], "signatures": signatures}})
 
 
 def _bucket_firmware(prof: TargetProfile, model: bytes, name: str, sub: Path, sha: str, r: TargetResult) -> dict | None:

@@ -192,23 +192,39 @@ def test_with_labels_the_simulator_is_judged_against_the_cpu_run_whose_task_scor
     assert min(m["cosine_mean"] for m in sim["vs_pytorch"].values()) > 0.98  # figures against PyTorch beside it
 
 
-def test_shape_buckets_are_refused_for_the_npu_in_one_line(tmp_path):
-    from tpu_pipeline.errors import UserError
-
-    with pytest.raises(UserError, match="android-npu compiles one fixed-shape signature per SoC") as e:
-        tc.convert(_net(WithAtan2), (torch.randn(1, 8),), targets="android-npu", out=tmp_path / "out",
-                   shapes=("x=1x8,2x8",))
-    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
-    # a model.pt that names its own shape buckets
-    from tpu_pipeline.testing.model_files import manifest
-
-    path = manifest("DepthwiseCNN", tmp_path / "model.pt")
-    obj = torch.load(path, weights_only=True)
-    obj["shape_buckets"] = {"shapes": ["x=1x1x8x8,1x1x16x16"]}
-    torch.save(obj, path)
-    with pytest.raises(UserError, match="this model's shape buckets are not compiled for the NPU"):
-        tc.convert(path, targets="android-npu", out=tmp_path / "out2")
-    assert not (tmp_path / "out2").exists()
+@needs_extra
+def test_shape_buckets_compile_per_bucket_and_soc_each_run_on_the_simulator(tmp_path):
+    net = _net(SmallCNN)  # its global mean pool takes any resolution: rows of each bucket's exact shape
+    res = tc.convert(net, (torch.randn(1, 1, 8, 8),), targets="android-npu", out=tmp_path / "out",
+                     shapes=("x=1x1x8x8,1x1x16x16",), pad=("x=none",), samples=8, latency=False)
+    t = res["android-npu"]
+    assert t.passed, t.errors
+    names = ["x_1x1x8x8", "x_1x1x16x16"]
+    assert [b["name"] for b in t.buckets] == names and {b["quantization"] for b in t.buckets} == {t.quantization}
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    npu = report["targets"]["android-npu"]["npu"]
+    assert npu["qnn_version"].startswith("2.51") and list(npu["buckets"]) == names
+    d = tmp_path / "out" / "android-npu"
+    compiled = {}
+    for name in names:
+        for soc, f in npu["buckets"][name]["socs"].items():
+            assert f["ops_on_npu"] == f["ops_total"] and f["simulator"]["ran"] and f["simulator"]["passed"]
+            assert f["simulator"]["rows"] == 8 and min(m["cosine_mean"] for m in f["simulator"]["vs_pytorch"].values()) > 0.98
+            compiled[soc, name] = (d / soc / f"model_{name}.tflite").read_bytes()
+            assert f["artifact"] == str(d / soc / f"model_{name}.tflite") and b"DISPATCH_OP" in compiled[soc, name]
+    assert set(compiled) == {(soc, n) for soc in ("SM8650", "SM8750") for n in names}
+    assert compiled["SM8650", names[0]] != compiled["SM8650", names[1]]  # each bucket its own fixed-shape compile
+    for soc in ("SM8650", "SM8750"):
+        meta = json.loads((d / soc / "model.json").read_text())
+        assert meta["soc"] == soc and meta["shapes"]["layout"] == "files"
+        assert [(e["name"], e["file"], e["inputs"]["x"]) for e in meta["shapes"]["signatures"]] == [
+            (names[0], f"model_{names[0]}.tflite", [1, 1, 8, 8]), (names[1], f"model_{names[1]}.tflite", [1, 1, 16, 16])]
+        assert all(e["npu"]["simulator"]["passed"] for e in meta["shapes"]["signatures"])
+    # the uncompiled fallback, a file per bucket like any files layout
+    assert json.loads((d / "model.json").read_text())["shapes"]["layout"] == "files"
+    assert all((d / f"model_{n}.tflite").is_file() for n in names)
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert f"SM8750, bucket {names[1]}: " in html and "HTP simulator: pass on 8 rows" in html
 
 
 def _cli(args, tmp_path, env_extra=None):

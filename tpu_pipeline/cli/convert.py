@@ -103,6 +103,8 @@ def command(model, targets, out, input_shapes, shapes, dynamic, pad, model_class
 
 
 def _print_table(report: dict) -> None:
+    from tpu_pipeline.convert.report import npu_per_soc  # the CLI's start-up stays light (convert/__init__.py)
+
     if report.get("kind") == "causal-lm":
         _print_lm_table(report)
         return
@@ -124,7 +126,7 @@ def _print_table(report: dict) -> None:
                        + (f" ms {b['latency_ms']['artifact']:.3f}" if (b.get("latency_ms") or {}).get("artifact")
                           else ""))
     for name, t in report["targets"].items():
-        for soc, f in ((t.get("npu") or {}).get("socs") or {}).items():  # android-npu: what the NPU took, first
+        for soc, f in npu_per_soc(t.get("npu")):  # android-npu: what the NPU took, first
             if "ops_total" not in f:
                 click.echo(f"{name}: {soc}: not compiled ({'; '.join(f.get('reasons') or [])})")
                 continue
