@@ -42,6 +42,7 @@ from tpu_pipeline.convert.module.buckets import (batch_resize, export_signatures
                                                  run_signature_litertjs, signature_calibration, signature_io)
 from tpu_pipeline.convert.module.kind import ModuleKind
 from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs
+from tpu_pipeline.convert.npu.ai_pack import write_ai_pack
 from tpu_pipeline.convert.options import DEFAULT_SAMPLES, ConvertOptions
 from tpu_pipeline.convert.precision.quantize import quantize
 from tpu_pipeline.convert.result import Artifact, ConvertResult, TargetResult
@@ -557,7 +558,7 @@ def _ship(prof: TargetProfile, per_bucket: list[_Bucketed], names: list[str], wo
         out.npu = {"qnn_version": next((r.npu["qnn_version"] for r in rs if r.npu), None),
                    "buckets": {x.bucket.name: r.npu for x, r in zip(per_bucket, rs) if r.npu}}
         out.warnings.append("android-npu with shape buckets: a compiled file per bucket and SoC "
-                            "(<SoC>/model_<bucket>.tflite, listed in <SoC>/model.json); no app snippet or AI pack yet")
+                            "(<SoC>/model_<bucket>.tflite, listed in <SoC>/model.json, and in the AI pack); no app snippet yet")
     named = [f"bucket {x.bucket.name} failed: {r.errors[0] if r.errors else r.failure}" for x, r in bad]
     if bad and (prof.bucket_failure != "drop" or not ok):
         out.passed = False
@@ -726,11 +727,11 @@ def _write(prof: TargetProfile, r: TargetResult, layout: str, arts: dict[str, Ar
             r.app_snippet = base["app_snippet"] = str(out / rel / written.name)
     files.atomic_write_json(sub / "model.json", base)
     if r.npu:
-        _write_npu(r, per_bucket, entries, base, sub, out / rel)
+        _write_npu(r, per_bucket, entries, base, sub, out / rel, out.name)
 
 
 def _write_npu(r: TargetResult, per_bucket: list[_Bucketed], entries: list[dict], base: dict, sub: Path,
-               where: Path) -> None:
+               where: Path, model_name: str) -> None:
     """android-npu: DIR/android-npu/<SoC>/model_<bucket>.tflite, each bucket's compile for that SoC,
     and <SoC>/model.json listing them with their partition stats and simulator figures."""
     written = {e["name"]: e["inputs"] for e in entries if e.get("file")}
@@ -752,6 +753,17 @@ def _write_npu(r: TargetResult, per_bucket: list[_Bucketed], entries: list[dict]
         files.atomic_write_json(sub / soc / "model.json", {
             **base, "soc": soc, "compiled_for": f"Qualcomm {soc} (LiteRT AOT, QNN {r.npu['qnn_version']})",
             "shapes": {**base["shapes"], "signatures": signatures}})
+    if not r.passed or not per_soc:
+        return
+    try:  # Play's AI pack (LiteRT's exporter): each group holds a model_<bucket>.tflite per bucket
+        for x in per_bucket:
+            b = x.results[r.target]
+            if x.bucket.name in written and b.npu_models:
+                pack = write_ai_pack(b.artifact.model, b.npu_models, sub / "ai_pack", model_name,
+                                     file_name=f"model_{x.bucket.name}")
+        r.npu["ai_pack"] = {"dir": str(where / "ai_pack"), "files": pack}
+    except Exception as e:  # noqa: BLE001 - an app file: the artifacts passed either way
+        r.warnings.append(f"no AI pack: LiteRT's exporter failed ({type(e).__name__}: {first_line(e)})")
 
 
 def _bucket_firmware(prof: TargetProfile, model: bytes, name: str, sub: Path, sha: str, r: TargetResult) -> dict | None:

@@ -15,8 +15,10 @@ def pack_name(model_name: str) -> str:
     return name if name[0].isalpha() else f"m_{name}"
 
 
-def write_ai_pack(fallback: bytes, compiled: dict[str, bytes], out_dir: Path, model_name: str) -> list[str]:
-    """The AI pack under `out_dir`; returns its files, relative to it."""
+def write_ai_pack(fallback: bytes, compiled: dict[str, bytes], out_dir: Path, model_name: str,
+                  file_name: str = "model") -> list[str]:
+    """The AI pack under `out_dir`, the model as `<group>/<file_name>.tflite`; returns its files, relative to
+    it. Called again with another file_name (a shape bucket), the same groups take that model too."""
     from ai_edge_litert.aot.ai_pack import export_lib
     from ai_edge_litert.aot.core import aot_types
     from ai_edge_litert.aot.vendors import fallback_backend
@@ -29,5 +31,5 @@ def write_ai_pack(fallback: bytes, compiled: dict[str, bytes], out_dir: Path, mo
     for soc, model in compiled.items():
         res.models_with_backend.append((qnn.create({"backend_id": qnn.id(), "soc_model": soc}),
                                         aot_types.Model.create_from_bytes(model)))
-    export_lib.export(res, out_dir, pack_name(model_name), "model")
+    export_lib.export(res, out_dir, pack_name(model_name), file_name)
     return sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if p.is_file())

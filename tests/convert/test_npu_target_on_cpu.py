@@ -225,6 +225,13 @@ def test_shape_buckets_compile_per_bucket_and_soc_each_run_on_the_simulator(tmp_
     assert all((d / f"model_{n}.tflite").is_file() for n in names)
     html = (tmp_path / "out" / "report.html").read_text()
     assert f"SM8750, bucket {names[1]}: " in html and "HTP simulator: pass on 8 rows" in html
+    # Play's AI pack: each SoC's group holds every bucket's compile, the "other" group the uncompiled files
+    assets = d / "ai_pack" / "out" / "src" / "main" / "assets"
+    for n in names:
+        for soc in ("SM8650", "SM8750"):
+            assert (assets / f"model#group_Qualcomm_{soc}" / f"model_{n}.tflite").read_bytes() == compiled[soc, n]
+        assert (assets / "model#group_other" / f"model_{n}.tflite").read_bytes() == (d / f"model_{n}.tflite").read_bytes()
+    assert npu["ai_pack"]["dir"] == str(d / "ai_pack") and len(npu["ai_pack"]["files"]) == 7  # 6 models, the xml
 
 
 def _cli(args, tmp_path, env_extra=None):
