@@ -557,8 +557,6 @@ def _ship(prof: TargetProfile, per_bucket: list[_Bucketed], names: list[str], wo
     if prof.npu_socs:  # android-npu: each bucket compiled per SoC and run on the HTP simulator (pipeline's _npu)
         out.npu = {"qnn_version": next((r.npu["qnn_version"] for r in rs if r.npu), None),
                    "buckets": {x.bucket.name: r.npu for x, r in zip(per_bucket, rs) if r.npu}}
-        out.warnings.append("android-npu with shape buckets: a compiled file per bucket and SoC "
-                            "(<SoC>/model_<bucket>.tflite, listed in <SoC>/model.json, and in the AI pack); no app snippet yet")
     named = [f"bucket {x.bucket.name} failed: {r.errors[0] if r.errors else r.failure}" for x, r in bad]
     if bad and (prof.bucket_failure != "drop" or not ok):
         out.passed = False
@@ -720,7 +718,8 @@ def _write(prof: TargetProfile, r: TargetResult, layout: str, arts: dict[str, Ar
                       "choose": "the smallest bucket whose shape holds the input on every axis; pad by `padding`, "
                                 "run that signature (or file), crop outputs that grew with the padding"}
     language = ("js" if prof.browser_parity else {"kotlin": "kotlin", "swift": "swift"}.get(prof.app_snippet)
-                ) if layout == "signatures" else ("cpp" if prof.firmware else None)
+                ) if layout == "signatures" else ("cpp" if prof.firmware else
+                                                  "kotlin-npu" if prof.app_snippet == "kotlin-npu" else None)
     if r.passed and language:
         written = bucket_snippets.write(language, base, sub, out.name)
         if written is not None:

@@ -8,11 +8,12 @@ elsewhere (image sizes, rule "none") take the input at a bucket's exact shape.""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
 
-FILES = {"kotlin": "BucketRunner.kt", "swift": "BucketRunner.swift", "js": "bucket_runner.js", "cpp": "bucket_runner.h"}
+FILES = {"kotlin": "BucketRunner.kt", "kotlin-npu": "BucketRunner.kt", "swift": "BucketRunner.swift", "js": "bucket_runner.js", "cpp": "bucket_runner.h"}
 KOTLIN = {"float32": ("FloatArray", "writeFloat", "readFloat"), "int32": ("IntArray", "writeInt", "readInt"),
           "int8": ("ByteArray", "writeInt8", "readInt8")}
 CONV = {"FloatArray": ".toFloat()", "IntArray": "", "ByteArray": ".toByte()"}  # Kotlin Int -> element
@@ -28,16 +29,25 @@ def _plan(model_json: dict) -> dict:
     pad = next(iter(shapes["padding"].values()), None)
     varying = pad["input"] if pad and pad["rule"] != "none" else None
     companion = pad["companion"] if pad else None
+    exact = varying is None  # rule none (image sizes): the input that differs between buckets, at a bucket's exact size
+    if exact:
+        varying = next((t["name"] for t in ins if len({tuple(s["inputs"][t["name"]]) for s in shapes["signatures"]}) > 1),
+                       None)
     buckets = []
     for s in shapes["signatures"]:
         if not s["passed"]:
             continue
-        length = s["inputs"][varying][-1] if varying else None
+        length = (math.prod(s["inputs"][varying]) if exact else s["inputs"][varying][-1]) if varying else None
         buckets.append({"name": s["name"], "file": s.get("file"), "signature": s.get("signature"), "length": length,
+                        "shape": s["inputs"][varying] if varying else None,
                         "size": {n: math.prod(shp) for n, shp in s["inputs"].items()},
                         "arena": (s.get("firmware") or {}).get("tensor_arena_size")})
     return {"inputs": [(t["name"], t["dtype"]) for t in ins], "varying": varying, "companion": companion,
             "rule": pad["rule"] if pad else "none", "buckets": buckets, "layout": shapes["layout"],
+            "fits": "==" if exact else ">=",  # a bucket takes an input of its exact size, or pads a shorter one
+            "which": (f"the bucket of `input`'s exact size ({varying}: "
+                      + " or ".join(str(b["length"]) for b in buckets) + " values)") if exact else
+                     f"the smallest bucket that holds `input` ({varying}, up to {buckets[-1]['length'] if buckets else 0})",
             "outputs": [(t["name"], t["dtype"]) for t in model_json.get("outputs", [])]}
 
 
@@ -50,11 +60,10 @@ def _header(comment: str, model_json: dict, plan: dict, model_name: str) -> str:
     return "\n".join(f"{comment} {ln}" for ln in lines)
 
 
-def _kotlin(model_json: dict, plan: dict, model_name: str) -> str:
+def _kotlin(model_json: dict, plan: dict, model_name: str, npu: bool = False) -> str:
     v, comp = plan["varying"], plan["companion"]
     vt = dict(plan["inputs"])[v] if v else "float32"
     arr, write, _ = KOTLIN[vt]
-    table = ",\n".join(f'        Bucket("{b["signature"] or b["name"]}", {b["length"] or 0})' for b in plan["buckets"])
     writes = []
     for i, (n, t) in enumerate(plan["inputs"]):
         k_arr, k_write, _ = KOTLIN[t]
@@ -65,29 +74,61 @@ def _kotlin(model_json: dict, plan: dict, model_name: str) -> str:
         elif n == comp:
             writes.append(f"            inputs[{i}].{k_write}({k_arr}(b.length) {{ (if (it < input.size) 1 else 0){CONV[k_arr]} }})")
     out_t = plan["outputs"][0][1] if plan["outputs"] else "float32"
+    if npu:  # android-npu: a file per bucket, compiled per SoC; one CompiledModel per bucket, opened when first run
+        about = """// Loads model_<bucket>.tflite, a file per bucket, with LiteRT's CompiledModel API (Maven:
+// com.google.ai.edge.litert:litert) on the phone's NPU first, then its GPU, then the CPU. Ship each
+// <SoC>/model_<bucket>.tflite to phones with that SoC (this folder's ai_pack/ does, with Play's device
+// targeting); model_<bucket>.tflite here is the same bucket before the compile, for other phones."""
+        imports = ("import com.google.ai.edge.litert.BuiltinNpuAcceleratorProvider\n"
+                   "import com.google.ai.edge.litert.Environment\n")
+        table = ",\n".join(f'        Bucket("{b["file"]}", {b["length"] or 0})' for b in plan["buckets"])
+        state = """    private val env = Environment.create(BuiltinNpuAcceleratorProvider(context))
+    private val assets = context.assets
+    private val models = HashMap<String, CompiledModel>()
+
+    private fun model(b: Bucket): CompiledModel = models.getOrPut(b.name) {
+        for (acc in listOf(Accelerator.NPU, Accelerator.GPU)) {
+            try {
+                return@getOrPut CompiledModel.create(assets, b.name, CompiledModel.Options(acc, Accelerator.CPU), env)
+            } catch (e: Exception) {
+                // this accelerator is not on this phone (or refuses the model): try the next
+            }
+        }
+        CompiledModel.create(assets, b.name, CompiledModel.Options(Accelerator.CPU), env)
+    }"""
+        run_args, close = "", "{ models.values.forEach { it.close() }; env.close() }"
+    else:
+        about = """// Loads model.tflite (a signature per bucket) with LiteRT's CompiledModel API
+// (Maven: com.google.ai.edge.litert:litert); put it in app/src/main/assets/."""
+        imports = ""
+        table = ",\n".join(f'        Bucket("{b["signature"] or b["name"]}", {b["length"] or 0})' for b in plan["buckets"])
+        state = """    private val single = CompiledModel.create(context.assets, "model.tflite", CompiledModel.Options(Accelerator.CPU))
+
+    private fun model(b: Bucket): CompiledModel = single"""
+        run_args, close = ", b.name", "= single.close()"
     return f"""{_header("//", model_json, plan, model_name)}
-// Loads model.tflite (a signature per bucket) with LiteRT's CompiledModel API
-// (Maven: com.google.ai.edge.litert:litert); put it in app/src/main/assets/.
+{about}
 import android.content.Context
 import com.google.ai.edge.litert.Accelerator
-import com.google.ai.edge.litert.CompiledModel
+{imports}import com.google.ai.edge.litert.CompiledModel
 
 class BucketRunner(context: Context) : AutoCloseable {{
-    private data class Bucket(val signature: String, val length: Int)
+    private data class Bucket(val name: String, val length: Int)
     private val buckets = listOf(
 {table}
     )
-    private val model = CompiledModel.create(context.assets, "model.tflite", CompiledModel.Options(Accelerator.CPU))
+{state}
 
-    /** Runs the smallest bucket that holds `input` ({v}, any length up to {plan["buckets"][-1]["length"]}). */
+    /** Runs {plan["which"]}. */
     fun run(input: {arr}): {KOTLIN[out_t][0]} {{
-        val b = buckets.firstOrNull {{ it.length >= input.size }}
-            ?: throw IllegalArgumentException("input of ${{input.size}} is longer than the largest bucket")
-        val inputs = model.createInputBuffers(b.signature)
-        val outputs = model.createOutputBuffers(b.signature)
+        val b = buckets.firstOrNull {{ it.length {plan["fits"]} input.size }}
+            ?: throw IllegalArgumentException("no bucket takes an input of ${{input.size}} values")
+        val m = model(b)
+        val inputs = m.createInputBuffers({run_args.lstrip(", ")})
+        val outputs = m.createOutputBuffers({run_args.lstrip(", ")})
         try {{
 {chr(10).join(writes)}
-            model.run(inputs, outputs, b.signature)
+            m.run(inputs, outputs{run_args})
             return outputs[0].{KOTLIN[out_t][2]}()
         }} finally {{
             inputs.forEach {{ it.close() }}
@@ -95,7 +136,7 @@ class BucketRunner(context: Context) : AutoCloseable {{
         }}
     }}
 
-    override fun close() = model.close()
+    override fun close() {close}
 }}
 """
 
@@ -133,10 +174,10 @@ final class BucketRunner {{
 
     private func data<T>(_ a: [T]) -> Data {{ a.withUnsafeBufferPointer {{ Data(buffer: $0) }} }}
 
-    /// Runs the smallest bucket that holds `input` ({v}).
+    /// Runs {plan["which"]}.
     func run(_ input: [{vt}]) throws -> [{out_t}] {{
-        guard let b = buckets.first(where: {{ $0.length >= input.count }}) else {{
-            throw NSError(domain: "BucketRunner", code: 2, userInfo: [NSLocalizedDescriptionKey: "input longer than the largest bucket"])
+        guard let b = buckets.first(where: {{ $0.length {plan["fits"]} input.count }}) else {{
+            throw NSError(domain: "BucketRunner", code: 2, userInfo: [NSLocalizedDescriptionKey: "no bucket takes an input of \\(input.count) values"])
         }}
         let runner = try interpreter.signatureRunner(with: b.signature)
         try runner.invoke(with: [
@@ -150,11 +191,12 @@ final class BucketRunner {{
 
 def _js(model_json: dict, plan: dict, model_name: str) -> str:
     v, comp = plan["varying"], plan["companion"]
-    table = json.dumps([{"signature": b["signature"] or b["name"], "length": b["length"]} for b in plan["buckets"]])
+    table = json.dumps([{"signature": b["signature"] or b["name"], "length": b["length"], "shape": b["shape"]}
+                        for b in plan["buckets"]])
     feeds = []
     for i, (n, t) in enumerate(plan["inputs"]):
         if n == v:
-            feeds.append(f"    args_{i}: new Tensor(padded(input, b.length, {JS[t]}), [1, b.length]),")
+            feeds.append(f"    args_{i}: new Tensor(padded(input, b.length, {JS[t]}), b.shape),")
         elif n == comp and plan["rule"] == "length":
             feeds.append(f"    args_{i}: new Tensor(new {JS[t]}([input.length]), [1]),")
         elif n == comp:
@@ -173,10 +215,10 @@ function padded(input, length, Type) {{
   return a;
 }}
 
-// Runs the smallest bucket that holds `input` ({v}); returns the signature's outputs by name.
+// Runs {plan["which"]}; returns the signature's outputs by name.
 export async function runBucketed(input, url = './model.tflite') {{
-  const b = BUCKETS.find(x => x.length >= input.length);
-  if (!b) throw new Error(`input of ${{input.length}} is longer than the largest bucket`);
+  const b = BUCKETS.find(x => x.length {"===" if plan["fits"] == "==" else ">="} input.length);
+  if (!b) throw new Error(`no bucket takes an input of ${{input.length}} values`);
   model = model || await loadAndCompile(url, {{accelerator: 'wasm'}});
   return model.run(b.signature, {{
 {chr(10).join(feeds)}
@@ -225,13 +267,13 @@ static inline int8_t Q(float v, const TfLiteTensor* t) {{
   return static_cast<int8_t>(q < -128 ? -128 : q > 127 ? 127 : q);
 }}
 
-// Runs the smallest bucket that holds n values of {v}; the op resolver is the app's
+// Runs {plan["which"].replace("of `input`'s exact size", "of exact size n").replace("`input`", "n values")}; the op resolver is the app's
 // (the ops of model.json's compatibility check). Returns the interpreter's status.
 template <typename Resolver>
 TfLiteStatus RunBucketed(const {vt}* input, int n, const Resolver& resolver, float* out, int out_len) {{
   const Bucket* bp = nullptr;
-  for (const Bucket& c : kBuckets) if (c.length >= n) {{ bp = &c; break; }}
-  if (bp == nullptr) return kTfLiteError;  // longer than the largest bucket
+  for (const Bucket& c : kBuckets) if (c.length {plan["fits"]} n) {{ bp = &c; break; }}
+  if (bp == nullptr) return kTfLiteError;  // no bucket takes n values
   const Bucket& b = *bp;
   tflite::MicroInterpreter interp(tflite::GetModel(b.model), resolver, g_arena, sizeof(g_arena));
   if (interp.AllocateTensors() != kTfLiteOk) return kTfLiteError;
@@ -250,12 +292,13 @@ def _tflm_field(dtype: str) -> str:
 
 
 def write(language: str, model_json: dict, out_dir: Path, model_name: str) -> Path | None:
-    """The bucket runner for `language` (kotlin, swift, js, cpp) beside the artifact, or None when
+    """The bucket runner for `language` (kotlin, kotlin-npu, swift, js, cpp) beside the artifact, or None when
     no bucket passed."""
     plan = _plan(model_json)
     if not plan["buckets"]:
         return None
-    render = {"kotlin": _kotlin, "swift": _swift, "js": _js, "cpp": _cpp}[language]
+    render = {"kotlin": _kotlin, "kotlin-npu": functools.partial(_kotlin, npu=True), "swift": _swift, "js": _js,
+              "cpp": _cpp}[language]
     path = Path(out_dir) / FILES[language]
     path.write_text(render(model_json, plan, model_name))
     return path

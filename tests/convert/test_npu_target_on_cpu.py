@@ -232,6 +232,12 @@ def test_shape_buckets_compile_per_bucket_and_soc_each_run_on_the_simulator(tmp_
             assert (assets / f"model#group_Qualcomm_{soc}" / f"model_{n}.tflite").read_bytes() == compiled[soc, n]
         assert (assets / "model#group_other" / f"model_{n}.tflite").read_bytes() == (d / f"model_{n}.tflite").read_bytes()
     assert npu["ai_pack"]["dir"] == str(d / "ai_pack") and len(npu["ai_pack"]["files"]) == 7  # 6 models, the xml
+    # the app picks the bucket's file (an image at its exact size) and opens it on the NPU, then the GPU, the CPU
+    kt = (d / "BucketRunner.kt").read_text()
+    assert f'Bucket("model_{names[0]}.tflite", 64),\n        Bucket("model_{names[1]}.tflite", 256)' in kt
+    assert "it.length == input.size" in kt and "listOf(Accelerator.NPU, Accelerator.GPU)" in kt
+    assert "BuiltinNpuAcceleratorProvider(context)" in kt and "CompiledModel.create(assets, b.name" in kt
+    assert json.loads((d / "model.json").read_text())["app_snippet"] == str(d / "BucketRunner.kt")
 
 
 def _cli(args, tmp_path, env_extra=None):

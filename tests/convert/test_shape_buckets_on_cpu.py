@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 import tpu_pipeline.convert as tc
 from tpu_pipeline.cli import cli
+from tpu_pipeline.convert.module import bucket_snippets
 from tpu_pipeline.convert.module.buckets import run_signature
 from tpu_pipeline.convert.result import TargetResult
 from tpu_pipeline.convert.shapes import _lengths, _one_precision, parse_buckets, parse_pad
@@ -159,7 +160,8 @@ def test_masked_text_cnn_buckets_as_signatures_and_files_each_checked(tmp_path):
         js = per["output_0"]["litert.js"]
         assert js["cosine"] > 0.9999 and js["max_abs_vs_bucket_file"] < 1e-3, (name, js)
     runner = (tmp_path / "out" / "web" / "bucket_runner.js").read_text()
-    assert '{"signature": "ids_1x16_mask_1x16", "length": 16}' in runner and "model.run(b.signature, {" in runner
+    assert '{"signature": "ids_1x16_mask_1x16", "length": 16, "shape": [1, 16]}' in runner
+    assert "x.length >= input.length" in runner and "model.run(b.signature, {" in runner
 
     # iot: one file per bucket (TFLM runs one subgraph), each with its firmware files and arena
     mj = json.loads((tmp_path / "out" / "iot" / "model.json").read_text())
@@ -218,6 +220,19 @@ def test_two_resolutions_exact_rows_and_batch_by_resize(tmp_path):
     mj = json.loads((tmp_path / "out" / "desktop" / "model.json").read_text())
     assert [s["io"]["inputs"][0]["shape"] for s in mj["shapes"]["signatures"]] == [[1, 3, 32, 32], [1, 3, 48, 64]]
     assert all(s["batch_resize"]["works"] for s in mj["shapes"]["signatures"])
+    # the app files take an image at a bucket's exact size (3x32x32 = 3072 values, 3x48x64 = 9216), never padded
+    apps = tmp_path / "apps"
+    apps.mkdir()
+    for language in ("kotlin", "swift", "js", "cpp"):
+        bucket_snippets.write(language, {**mj, "target": "android"}, apps, "two_res")
+    kt, swift = (apps / "BucketRunner.kt").read_text(), (apps / "BucketRunner.swift").read_text()
+    js, cpp = (apps / "bucket_runner.js").read_text(), (apps / "bucket_runner.h").read_text()
+    assert 'Bucket("x_1x3x32x32", 3072),\n        Bucket("x_1x3x48x64", 9216)' in kt and "it.length == input.size" in kt
+    assert "inputs[0].writeFloat(FloatArray(b.length).also { input.copyInto(it) })" in kt
+    assert '("x_1x3x32x32", 3072), ("x_1x3x48x64", 9216)' in swift and "$0.length == input.count" in swift
+    assert '{"signature": "x_1x3x48x64", "length": 9216, "shape": [1, 3, 48, 64]}' in js
+    assert "x.length === input.length" in js and "padded(input, b.length, Float32Array), b.shape)" in js
+    assert "if (c.length == n)" in cpp
 
 
 def test_manifest_lists_its_buckets_and_the_cli_converts_them(tmp_path):
