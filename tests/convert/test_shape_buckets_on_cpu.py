@@ -22,6 +22,7 @@ from tpu_pipeline.convert.targets import load_profiles
 from tpu_pipeline.errors import EXIT_BAD_INPUT, EXIT_PARITY, UserError
 from tpu_pipeline.testing.model_files import manifest
 from tpu_pipeline.testing.shape_models import GRUKeyword, MaskedTextCNN, MeanTextCNN, TwoResolutionCNN
+from tpu_pipeline.testing.web_app import run_app_module
 
 pytestmark = pytest.mark.slow
 
@@ -162,6 +163,18 @@ def test_masked_text_cnn_buckets_as_signatures_and_files_each_checked(tmp_path):
     runner = (tmp_path / "out" / "web" / "bucket_runner.js").read_text()
     assert '{"signature": "ids_1x16_mask_1x16", "length": 16, "shape": [1, 16]}' in runner
     assert "x.length >= input.length" in runner and "model.run(b.signature, {" in runner
+    # ... and it runs, as a web app would load it: unpadded ids of any length up to 32, the mask made by
+    # the runner, the answer PyTorch's on the same unpadded ids; 33 ids is refused
+    rng = np.random.default_rng(2)
+    rows = [rng.integers(0, 1000, n).tolist() for n in (5, 16, 17, 32)]
+    got = run_app_module(tmp_path / "out" / "web", "bucket_runner.js",
+                         [("runBucketed", [("Int32Array", r)]) for r in rows] + [("runBucketed", [("Int32Array", [1] * 33)])])
+    for r, g in zip(rows, got):
+        want = net(torch.tensor([r]), torch.ones(1, len(r))).detach().numpy().ravel()
+        assert g["ok"], g
+        out = np.array(next(iter(g["outputs"].values())))
+        assert out.shape == want.shape and np.abs(out - want).max() < 1e-3 * max(1.0, np.abs(want).max()), (len(r), out, want)
+    assert not got[-1]["ok"] and "no bucket takes an input of 33 values" in got[-1]["error"]
 
     # iot: one file per bucket (TFLM runs one subgraph), each with its firmware files and arena
     mj = json.loads((tmp_path / "out" / "iot" / "model.json").read_text())
@@ -206,7 +219,7 @@ def test_a_model_that_padding_changes_is_refused_with_the_padding_message(tmp_pa
 def test_two_resolutions_exact_rows_and_batch_by_resize(tmp_path):
     torch.manual_seed(0)
     net = TwoResolutionCNN().eval()
-    res = tc.convert(net, net.example_inputs(), targets="desktop", out=tmp_path / "out",
+    res = tc.convert(net, net.example_inputs(), targets="desktop,web", out=tmp_path / "out",
                      shapes=("x=1x3x32x32,1x3x48x64",), pad=("x=none",), samples=4, latency=False)
     t = res["desktop"]
     assert t.passed, t.errors
@@ -233,6 +246,17 @@ def test_two_resolutions_exact_rows_and_batch_by_resize(tmp_path):
     assert '{"signature": "x_1x3x48x64", "length": 9216, "shape": [1, 3, 48, 64]}' in js
     assert "x.length === input.length" in js and "padded(input, b.length, Float32Array), b.shape)" in js
     assert "if (c.length == n)" in cpp
+    # the web runner, run as an app loads it: each image at its bucket, PyTorch's answer; 3x40x40 refused
+    assert res["web"].passed, res["web"].errors
+    images = [torch.randn(1, 3, 32, 32), torch.randn(1, 3, 48, 64)]
+    got = run_app_module(tmp_path / "out" / "web", "bucket_runner.js",
+                         [("runBucketed", [("Float32Array", x.ravel().tolist())]) for x in images]
+                         + [("runBucketed", [("Float32Array", [0.0] * 4800)])])
+    for x, g in zip(images, got):
+        want = net(x).detach().numpy().ravel()
+        assert g["ok"], g
+        assert np.abs(np.array(next(iter(g["outputs"].values()))) - want).max() < 1e-2 * np.abs(want).max()
+    assert not got[-1]["ok"] and "no bucket takes an input of 4800 values" in got[-1]["error"]
 
 
 def test_manifest_lists_its_buckets_and_the_cli_converts_them(tmp_path):
