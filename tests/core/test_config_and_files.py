@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from typing import Literal
 
 import numpy as np
@@ -110,3 +111,20 @@ def test_json_files_are_standard_json_with_non_finite_figures_as_null(tmp_path):
     append_jsonl(tmp_path / "metrics.jsonl", figures)
     assert strict((tmp_path / "report.json").read_text()) == want
     assert strict((tmp_path / "metrics.jsonl").read_text()) == want
+
+
+def test_written_files_are_readable_like_any_file_the_umask_allows(tmp_path):
+    # mkstemp's 0600 and mkdtemp's 0700 left the output unreadable to a web server serving the folder
+    old = os.umask(0o022)
+    try:
+        atomic_write_json(tmp_path / "model.json", {"v": 1})
+        with staged_dir(tmp_path / "dist") as d:
+            atomic_write_json(d / "report.json", {"v": 1})
+        os.umask(0o077)
+        atomic_write_json(tmp_path / "private.json", {"v": 1})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "model.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "dist").stat().st_mode & 0o777 == 0o755  # the output folder, not mkdtemp's 0700
+    assert (tmp_path / "dist" / "report.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "private.json").stat().st_mode & 0o777 == 0o600
