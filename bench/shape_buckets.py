@@ -2,6 +2,7 @@
 with a signature (or file) per bucket and once at its largest bucket alone.
 
     .venv/bin/python bench/shape_buckets.py [--only gru,text,conv] [--targets desktop,android,web,iot]
+    .venv/bin/python bench/shape_buckets.py --only text,conv --targets android-npu   # needs the [npu] extra
 
 Models (tests/support/shape_models.py): a GRU keyword spotter over raw audio of 4000..16000
 samples (--dynamic, powers of two, a length input), a masked text CNN over 16..64 token ids
@@ -10,8 +11,9 @@ target: artifact bytes with N buckets against the largest bucket alone at the pr
 target shipped (the file, and the weights alone: the flatbuffer's constant buffers), convert
 wall seconds N buckets vs one conversion at the largest bucket (same targets), and per bucket
 the latency of its signature on ai-edge-litert (XNNPACK, one thread) beside PyTorch eager at that
-shape (one thread), with the bucket's parity (cosine, worst row). Prints markdown tables with the
-machine and date (docs/BENCHMARKS.md).
+shape (one thread), with the bucket's parity (cosine, worst row); for android-npu, each bucket's
+compile per SoC (ops on the NPU, bytes, compile seconds, the HTP simulator's verdict and time per
+row). Prints markdown tables with the machine and date (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}; "
           f"torch {torch.__version__}; {datetime.date.today()}")
     print(f"command: .venv/bin/python bench/shape_buckets.py --only {a.only} --targets {a.targets}\n")
-    table_bytes, table_lat = [], []
+    table_bytes, table_lat, table_npu = [], [], []
     for key in a.only.split(","):
         title, net, example, kw, largest = models()[key]
         with tempfile.TemporaryDirectory() as tmp:
@@ -98,6 +100,15 @@ def main() -> None:
                     f"{'pass' if r.passed else 'FAIL: ' + ', '.join(fails) + ' (' + (r.errors[0][:80] if r.errors else '') + ')'}"
                     f" | {nb} / {ob} = {nb / ob if ob else float('nan'):.3f}x | {nw} / {ow} = "
                     f"{nw / ow if ow else float('nan'):.3f}x | {n_s:.1f} / {one_s:.1f} s |")
+                for bucket, f in ((r.npu or {}).get("buckets") or {}).items():  # android-npu: a compile per bucket and SoC
+                    for soc, g in f.get("socs", {}).items():
+                        sim = g.get("simulator") or {}
+                        cos = min((m.get("cosine_mean", m.get("cosine")) for m in (sim.get("vs_pytorch") or {}).values()),
+                                  default=float("nan"))
+                        table_npu.append(f"| {title} | {bucket} | {soc} | {r.quantization} | {g.get('ops_on_npu')}/"
+                                         f"{g.get('ops_total')} | {g.get('size_bytes')} | {g.get('compile_s', float('nan')):.2f} | "
+                                         f"{'pass' if sim.get('passed') else 'FAIL'} on {sim.get('rows')} rows, "
+                                         f"{sim.get('s_per_row', float('nan')):.3f} s/row | {cos:.6f} |")
                 for b in r.buckets:
                     lat, p = b.get("latency_ms") or {}, b.get("parity") or {}
                     if lat.get("artifact") is None:
@@ -111,6 +122,11 @@ def main() -> None:
     print("\n| model | target | bucket | precision | ai-edge-litert ms | PyTorch eager ms | speedup | cosine (worst row) |")
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(table_lat))
+    if table_npu:
+        print("\n| model | bucket | SoC | precision | ops on the NPU | compiled bytes | compile s | HTP simulator | "
+              "cosine vs PyTorch (mean, worst output) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        print("\n".join(table_npu))
 
 
 if __name__ == "__main__":
