@@ -746,11 +746,13 @@ def _write_npu(r: TargetResult, per_bucket: list[_Bucketed], entries: list[dict]
             stats = b.npu["socs"][soc]
             stats["artifact"] = str(where / soc / fname)
             per_soc.setdefault(soc, []).append({
-                "name": x.bucket.name, "inputs": written[x.bucket.name], "file": fname, "sha256": files.sha256_file(sub / soc / fname), "size_bytes": len(compiled),
+                "name": x.bucket.name, "inputs": written[x.bucket.name], "file": fname,
+                "sha256": files.sha256_file(sub / soc / fname), "size_bytes": len(compiled),
                 "npu": {k: v for k, v in stats.items() if k != "soc"}})
-    for soc, signatures in per_soc.items():
+    for soc, signatures in per_soc.items():  # sha256 and size_bytes as the files layout's: the first file, all files
         files.atomic_write_json(sub / soc / "model.json", {
             **base, "soc": soc, "compiled_for": f"Qualcomm {soc} (LiteRT AOT, QNN {r.npu['qnn_version']})",
+            "sha256": signatures[0]["sha256"], "size_bytes": sum(e["size_bytes"] for e in signatures),
             "shapes": {**base["shapes"], "signatures": signatures}})
     if not r.passed or not per_soc:
         return

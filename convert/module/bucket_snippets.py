@@ -13,7 +13,8 @@ import json
 import math
 from pathlib import Path
 
-FILES = {"kotlin": "BucketRunner.kt", "kotlin-npu": "BucketRunner.kt", "swift": "BucketRunner.swift", "js": "bucket_runner.js", "cpp": "bucket_runner.h"}
+FILES = {"kotlin": "BucketRunner.kt", "kotlin-npu": "BucketRunner.kt", "swift": "BucketRunner.swift",
+         "js": "bucket_runner.js", "cpp": "bucket_runner.h"}
 KOTLIN = {"float32": ("FloatArray", "writeFloat", "readFloat"), "int32": ("IntArray", "writeInt", "readInt"),
           "int8": ("ByteArray", "writeInt8", "readInt8")}
 CONV = {"FloatArray": ".toFloat()", "IntArray": "", "ByteArray": ".toByte()"}  # Kotlin Int -> element

@@ -220,6 +220,7 @@ def test_shape_buckets_compile_per_bucket_and_soc_each_run_on_the_simulator(tmp_
         assert [(e["name"], e["file"], e["inputs"]["x"]) for e in meta["shapes"]["signatures"]] == [
             (names[0], f"model_{names[0]}.tflite", [1, 1, 8, 8]), (names[1], f"model_{names[1]}.tflite", [1, 1, 16, 16])]
         assert all(e["npu"]["simulator"]["passed"] for e in meta["shapes"]["signatures"])
+        assert meta["size_bytes"] == sum(len(compiled[soc, n]) for n in names)  # the compiled files, not the fallback
     # the uncompiled fallback, a file per bucket like any files layout
     assert json.loads((d / "model.json").read_text())["shapes"]["layout"] == "files"
     assert all((d / f"model_{n}.tflite").is_file() for n in names)
