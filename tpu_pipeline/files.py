@@ -56,7 +56,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def json_text(obj: Any, indent: int | None = None) -> str:
     """Standard JSON, which apps parse (JavaScript's JSON.parse, Swift's JSONDecoder): a figure that is
     not finite (an SNR of exact outputs, a NaN output) is written as null, never as Infinity or NaN."""
-    return json.dumps(_finite(obj), indent=indent, allow_nan=False, default=_json_default)
+    return json.dumps(_plain(obj), indent=indent, allow_nan=False)
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
@@ -100,23 +100,17 @@ def staged_dir(final: str | Path) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _finite(obj: Any) -> Any:
+def _plain(obj: Any) -> Any:
+    """`obj` as what json.dumps takes: numpy / torch scalars and arrays as Python numbers and lists,
+    paths as strings, a float that is not finite as None; anything else JSON lacks raises TypeError."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if not isinstance(obj, (str, bytes, int)) and hasattr(obj, "tolist"):  # numpy / torch scalars and arrays
-        return _finite(obj.tolist())
-    return obj
-
-
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "item"):  # numpy / torch scalars
-        return obj.item()
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
+        return [_plain(v) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
-    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+    if not isinstance(obj, (str, bytes, int)) and hasattr(obj, "tolist"):
+        return _plain(obj.tolist())
+    return obj
