@@ -46,10 +46,15 @@ def _plan(model_json: dict) -> dict:
     return {"inputs": [(t["name"], t["dtype"]) for t in ins], "varying": varying, "companion": companion,
             "rule": pad["rule"] if pad else "none", "buckets": buckets, "layout": shapes["layout"],
             "fits": "==" if exact else ">=",  # a bucket takes an input of its exact size, or pads a shorter one
-            "which": (f"the bucket of `input`'s exact size ({varying}: "
-                      + " or ".join(str(b["length"]) for b in buckets) + " values)") if exact else
-                     f"the smallest bucket that holds `input` ({varying}, up to {buckets[-1]['length'] if buckets else 0})",
             "outputs": [(t["name"], t["dtype"]) for t in model_json.get("outputs", [])]}
+
+
+def _runs(plan: dict, what: str) -> str:
+    """Which bucket a runner runs for `what` (the input), as its doc comment says."""
+    sizes = [str(b["length"]) for b in plan["buckets"]]
+    if plan["fits"] == "==":
+        return f"the bucket that takes {what} at its exact size ({plan['varying']}: {' or '.join(sizes)} values)"
+    return f"the smallest bucket that holds {what} ({plan['varying']}, up to {sizes[-1]})"
 
 
 def _header(comment: str, model_json: dict, plan: dict, model_name: str) -> str:
@@ -120,7 +125,7 @@ class BucketRunner(context: Context) : AutoCloseable {{
     )
 {state}
 
-    /** Runs {plan["which"]}. */
+    /** Runs {_runs(plan, "`input`")}. */
     fun run(input: {arr}): {KOTLIN[out_t][0]} {{
         val b = buckets.firstOrNull {{ it.length {plan["fits"]} input.size }}
             ?: throw IllegalArgumentException("no bucket takes an input of ${{input.size}} values")
@@ -175,7 +180,7 @@ final class BucketRunner {{
 
     private func data<T>(_ a: [T]) -> Data {{ a.withUnsafeBufferPointer {{ Data(buffer: $0) }} }}
 
-    /// Runs {plan["which"]}.
+    /// Runs {_runs(plan, "`input`")}.
     func run(_ input: [{vt}]) throws -> [{out_t}] {{
         guard let b = buckets.first(where: {{ $0.length {plan["fits"]} input.count }}) else {{
             throw NSError(domain: "BucketRunner", code: 2, userInfo: [NSLocalizedDescriptionKey: "no bucket takes an input of \\(input.count) values"])
@@ -216,9 +221,9 @@ function padded(input, length, Type) {{
   return a;
 }}
 
-// Runs {plan["which"]}; returns the signature's outputs by name.
+// Runs {_runs(plan, "`input`")}; returns the signature's outputs by name.
 export async function runBucketed(input, url = './model.tflite') {{
-  const b = BUCKETS.find(x => x.length {"===" if plan["fits"] == "==" else ">="} input.length);
+  const b = BUCKETS.find(x => x.length {plan["fits"].replace("==", "===")} input.length);
   if (!b) throw new Error(`no bucket takes an input of ${{input.length}} values`);
   model = model || await loadAndCompile(url, {{accelerator: 'wasm'}});
   return model.run(b.signature, {{
@@ -268,7 +273,7 @@ static inline int8_t Q(float v, const TfLiteTensor* t) {{
   return static_cast<int8_t>(q < -128 ? -128 : q > 127 ? 127 : q);
 }}
 
-// Runs {plan["which"].replace("of `input`'s exact size", "of exact size n").replace("`input`", "n values")}; the op resolver is the app's
+// Runs {_runs(plan, "n values")}; the op resolver is the app's
 // (the ops of model.json's compatibility check). Returns the interpreter's status.
 template <typename Resolver>
 TfLiteStatus RunBucketed(const {vt}* input, int n, const Resolver& resolver, float* out, int out_len) {{
