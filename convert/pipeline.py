@@ -39,6 +39,7 @@ from tpu_pipeline.convert.module.kind import ModuleKind
 from tpu_pipeline.convert.module.loaders import load_model, load_object
 from tpu_pipeline.convert.npu import check as npu_check
 from tpu_pipeline.convert.npu.ai_pack import write_ai_pack
+from tpu_pipeline.convert.npu.compile import soc_model_json
 from tpu_pipeline.convert.options import FLAGS, ConvertOptions
 from tpu_pipeline.convert.precision.quantize import RANGE_ESTIMATORS, quantize
 from tpu_pipeline.convert.report import render_html
@@ -767,10 +768,9 @@ def _write_target(prof: TargetProfile, r: TargetResult, model: ModelKind, stage:
         (sub / soc).mkdir(exist_ok=True)
         (sub / soc / "model.tflite").write_bytes(compiled)
         stats = r.npu["socs"][soc]
-        files.atomic_write_json(sub / soc / "model.json", {
-            **model_json, "soc": soc, "compiled_for": f"Qualcomm {soc} (LiteRT AOT, QNN {r.npu['qnn_version']})",
-            "sha256": files.sha256_file(sub / soc / "model.tflite"), "size_bytes": len(compiled),
-            "npu": {k: v for k, v in stats.items() if k != "soc"}})
+        files.atomic_write_json(sub / soc / "model.json", soc_model_json(
+            model_json, soc, r.npu["qnn_version"], sha256=files.sha256_file(sub / soc / "model.tflite"),
+            size_bytes=len(compiled), npu={k: v for k, v in stats.items() if k != "soc"}))
         stats["artifact"] = str(out / rel / soc / "model.tflite")
     if r.passed and r.npu_models:  # Play's AI pack: an app file, like the snippet; the artifacts passed either way
         try:

@@ -43,6 +43,7 @@ from tpu_pipeline.convert.module.buckets import (batch_resize, export_signatures
 from tpu_pipeline.convert.module.kind import ModuleKind
 from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs
 from tpu_pipeline.convert.npu.ai_pack import write_ai_pack
+from tpu_pipeline.convert.npu.compile import soc_model_json
 from tpu_pipeline.convert.options import DEFAULT_SAMPLES, ConvertOptions
 from tpu_pipeline.convert.precision.quantize import quantize
 from tpu_pipeline.convert.result import Artifact, ConvertResult, TargetResult
@@ -734,34 +735,29 @@ def _write_npu(r: TargetResult, per_bucket: list[_Bucketed], entries: list[dict]
     """android-npu: DIR/android-npu/<SoC>/model_<bucket>.tflite, each bucket's compile for that SoC,
     and <SoC>/model.json listing them with their partition stats and simulator figures."""
     written = {e["name"]: e["inputs"] for e in entries if e.get("file")}
+    compiled_buckets = [(x.bucket.name, x.results[r.target]) for x in per_bucket
+                        if x.bucket.name in written and x.results[r.target].npu_models]
     per_soc: dict[str, list[dict]] = {}
-    for x in per_bucket:
-        b = x.results[r.target]
-        if x.bucket.name not in written or not b.npu:
-            continue
+    for name, b in compiled_buckets:
         for soc, compiled in b.npu_models.items():
             (sub / soc).mkdir(exist_ok=True)
-            fname = f"model_{x.bucket.name}.tflite"
+            fname = f"model_{name}.tflite"
             (sub / soc / fname).write_bytes(compiled)
             stats = b.npu["socs"][soc]
             stats["artifact"] = str(where / soc / fname)
             per_soc.setdefault(soc, []).append({
-                "name": x.bucket.name, "inputs": written[x.bucket.name], "file": fname,
+                "name": name, "inputs": written[name], "file": fname,
                 "sha256": files.sha256_file(sub / soc / fname), "size_bytes": len(compiled),
                 "npu": {k: v for k, v in stats.items() if k != "soc"}})
     for soc, signatures in per_soc.items():  # sha256 and size_bytes as the files layout's: the first file, all files
-        files.atomic_write_json(sub / soc / "model.json", {
-            **base, "soc": soc, "compiled_for": f"Qualcomm {soc} (LiteRT AOT, QNN {r.npu['qnn_version']})",
-            "sha256": signatures[0]["sha256"], "size_bytes": sum(e["size_bytes"] for e in signatures),
-            "shapes": {**base["shapes"], "signatures": signatures}})
-    if not r.passed or not per_soc:
+        files.atomic_write_json(sub / soc / "model.json", soc_model_json(
+            base, soc, r.npu["qnn_version"], sha256=signatures[0]["sha256"],
+            size_bytes=sum(e["size_bytes"] for e in signatures), shapes={**base["shapes"], "signatures": signatures}))
+    if not r.passed or not compiled_buckets:
         return
     try:  # Play's AI pack (LiteRT's exporter): each group holds a model_<bucket>.tflite per bucket
-        for x in per_bucket:
-            b = x.results[r.target]
-            if x.bucket.name in written and b.npu_models:
-                pack = write_ai_pack(b.artifact.model, b.npu_models, sub / "ai_pack", model_name,
-                                     file_name=f"model_{x.bucket.name}")
+        for name, b in compiled_buckets:
+            pack = write_ai_pack(b.artifact.model, b.npu_models, sub / "ai_pack", model_name, file_name=f"model_{name}")
         r.npu["ai_pack"] = {"dir": str(where / "ai_pack"), "files": pack}
     except Exception as e:  # noqa: BLE001 - an app file: the artifacts passed either way
         r.warnings.append(f"no AI pack: LiteRT's exporter failed ({type(e).__name__}: {first_line(e)})")

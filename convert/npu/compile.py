@@ -150,6 +150,12 @@ def read_compiled(model: bytes) -> tuple[schema.ModelT, list[Partition], list[di
     return m, parts, cpu
 
 
+def soc_model_json(model_json: dict, soc: str, qnn_version: str, **fields) -> dict:
+    """model.json of a model compiled for `soc` (DIR/android-npu/<SoC>/model.json): the target's own,
+    which SoC and which QNN compiled it, and `fields` (its bytes and figures)."""
+    return {**model_json, "soc": soc, "compiled_for": f"Qualcomm {soc} (LiteRT AOT, QNN {qnn_version})", **fields}
+
+
 def compile_for(model: bytes, soc: str, libs: QnnLibs) -> Compiled:
     """One SoC's compiled model, through LiteRT's own AOT flow with the QNN libraries of `libs`;
     a compile that fails is a ConversionError with the plugin's last log lines."""
