@@ -369,6 +369,8 @@ def convert_buckets(m: LoadedModel, o: ConvertOptions, label: str, out_dir: Path
         o = dataclasses.replace(o, pad=tuple(listed["pad"]))
     names = m.input_names
     buckets = parse_buckets(o.shapes, o.dynamic, names, [tuple(a.shape) for a in m.sample_args])
+    if m.exported_dims is not None:
+        inside_export(buckets, names, m.exported_dims, label)
     pads = parse_pad(o.pad, names, buckets)
     given = _given_rows(m, o.eval_data, "--eval-data", buckets, pads)
     calib = _given_rows(m, o.calib, "--calib", buckets, pads) if isinstance(o.calib, (str, Path)) else None
@@ -430,6 +432,35 @@ def _float_export(per_bucket: list[_Bucketed]) -> dict | None:
         return None
     first = next(iter(gates.values()))
     return {"judged_as": first["judged_as"], "passed": all(g["passed"] for g in gates.values()), "buckets": gates}
+
+
+def inside_export(buckets: list[Bucket], names: list[str], dims: list[list[tuple[int, int | None]]],
+                  label: str) -> None:
+    """Refuses (UserError) a bucket a torch.export program cannot take: an axis torch.export
+    specialised to one size, or a size outside a torch.export.Dim's range. Not re-exported per bucket
+    and compared instead: the graph is all there is, and a size it baked in as a constant (a mean's
+    divisor, a reshape) is wrong the same way in the re-export and in the graph run at that size."""
+    fixed_everywhere = all(lo == hi for axes in dims for lo, hi in axes)
+    for b in buckets:
+        for name, shape, axes in zip(names, b.shapes, dims):
+            for axis, (n, (lo, hi)) in enumerate(zip(shape, axes)):
+                if lo <= n and (hi is None or n <= hi):
+                    continue
+                if fixed_everywhere:
+                    at = ", ".join(f"{k} {'x'.join(str(a) for a, _ in ax)}" for k, ax in zip(names, dims))
+                    raise UserError(
+                        f"{label} was exported at one shape ({at}), so its graph runs at that shape only and cannot "
+                        f"take bucket {b.name}: export it with dynamic_shapes (a torch.export.Dim on the axes that "
+                        "vary), or convert the module itself (the Python API with the nn.Module, a model.pt "
+                        "manifest, or a state_dict with --model-class)")
+                if lo == hi:
+                    raise UserError(f"bucket {b.name}: input {name} axis {axis} is {n}, but {label} was exported "
+                                    f"with that axis fixed at {lo}; give it a torch.export.Dim in dynamic_shapes "
+                                    "to vary it")
+                raise UserError(f"bucket {b.name}: input {name} axis {axis} is {n}, outside the range "
+                                f"{lo}..{hi if hi is not None else 'unbounded'} that {label} was exported with "
+                                "(its torch.export.Dim); export with a range that holds every bucket, or pick "
+                                "buckets inside it")
 
 
 def _named(m: LoadedModel) -> LoadedModel:

@@ -48,6 +48,9 @@ class LoadedModel:
     calibration: list[torch.Tensor] | None = None  # manifest's calibration_inputs: real rows, (N, *shape[1:]) per input
     shape_buckets: dict[str, list[str]] | None = None  # manifest's shape_buckets: shapes/dynamic/pad as the flags take
                                                        # them (convert/shapes.py)
+    exported_dims: list[list[tuple[int, int | None]]] | None = None  # a torch.export program's input shapes, per
+    # input and axis (lowest, highest or None: unbounded); lowest == highest: the graph was specialised to that size,
+    # so shape buckets must stay inside (convert/shapes.py)
 
 
 def parse_input_shape(spec: str) -> tuple[tuple[int, ...], torch.dtype]:
@@ -122,7 +125,7 @@ def load_object(model: nn.Module | torch.export.ExportedProgram, sample_args: An
             args = model.example_inputs[0]
         names = [s.arg.name for s in model.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
         loaded = LoadedModel(module=model.module(), sample_args=tuple(args), source_format="torch.export program",
-                             input_names=names)
+                             input_names=names, exported_dims=exported_dims(model))
     elif isinstance(model, nn.Module):
         if args is None:
             if not hasattr(model, "example_inputs"):
@@ -235,7 +238,7 @@ def _load_export_archive(path: Path, input_shapes, trust_pickle: bool = False) -
     except Exception as e:  # noqa: BLE001 - a graph that decoded but cannot be rebuilt is a damaged archive
         raise UserError(f"{path}: cannot rebuild the torch.export program ({first_line(e)})") from None
     return LoadedModel(module=module, sample_args=args, source_format="torch.export archive",
-                       input_names=names or [f"input_{i}" for i in range(len(args))])
+                       input_names=names or [f"input_{i}" for i in range(len(args))], exported_dims=exported_dims(ep))
 
 
 def _torch_load(path: Path, trust_pickle: bool):
@@ -285,7 +288,31 @@ def _from_exported(ep, input_shapes) -> LoadedModel:
     args = (tuple(_random_input(*parse_input_shape(s)) for s in input_shapes) if input_shapes
             else tuple(ep.example_inputs[0]))
     return LoadedModel(module=ep.module(), sample_args=args, source_format="torch.export program",
-                       input_names=[f"input_{i}" for i in range(len(args))])
+                       input_names=[f"input_{i}" for i in range(len(args))], exported_dims=exported_dims(ep))
+
+
+def exported_dims(ep: torch.export.ExportedProgram) -> list[list[tuple[int, int | None]]]:
+    """Per user input and axis, the sizes the exported graph was traced for: (n, n) for an axis
+    torch.export specialised (every axis of a program exported without dynamic_shapes), (lo, hi) for
+    a torch.export.Dim (hi None: unbounded), from the program's range_constraints."""
+    users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    shapes = {n.name: n.meta["val"].shape for n in ep.graph.nodes if n.op == "placeholder" and "val" in n.meta}
+    out = []
+    for name in users:
+        dims = []
+        for d in shapes.get(name, ()):
+            if isinstance(d, torch.SymInt):
+                r = ep.range_constraints.get(d.node.expr)
+                lo = int(r.lower) if r is not None else 0
+                try:
+                    hi = int(r.upper) if r is not None else None
+                except (TypeError, ValueError, OverflowError):  # sympy's infinity: no upper bound
+                    hi = None
+                dims.append((lo, hi))
+            else:
+                dims.append((int(d), int(d)))
+        out.append(dims)
+    return out
 
 
 # Modules a manifest may name without --model-class: the project's own model classes. Any other
