@@ -10,6 +10,8 @@ TPU_VENV := .venv-tpu
 TPU_BIN := $(TPU_VENV)/bin
 TPU_DEPS := $(TPU_VENV)/.deps-installed
 TPU_STAMP := $(TPU_VENV)/.installed
+MP_VENV := .venv-mediapipe
+MP_STAMP := $(MP_VENV)/.installed
 WEB := convert/web
 WEB_STAMP := $(WEB)/node_modules/.installed
 
@@ -65,6 +67,15 @@ $(TPU_STAMP): $(TPU_DEPS) | $(VERL_STAMP)
 	$(TPU_BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(TPU_STAMP)
 
+# MediaPipe Tasks, the client apps load the artifacts with (convert/app_io/): its own venv, as its numpy,
+# protobuf and opencv pins are its own (pyproject's mediapipe extra). Only the client check's child runs it;
+# nothing of the project is installed there.
+$(MP_STAMP): pyproject.toml
+	test -x $(MP_VENV)/bin/python || $(PY) -m venv $(MP_VENV)
+	$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['mediapipe']))" > $(MP_VENV)/mediapipe.txt
+	$(MP_VENV)/bin/python -m pip install -q --disable-pip-version-check -r $(MP_VENV)/mediapipe.txt
+	touch $(MP_STAMP)
+
 # LiteRT.js for the web target's in-browser parity (npm registry, lockfile pinned).
 $(WEB_STAMP): $(WEB)/package.json $(WEB)/package-lock.json
 	cd $(WEB) && npm ci --no-audit --no-fund
@@ -83,7 +94,7 @@ browser: $(WEB_STAMP)
 # Each pip install keeps about one core busy (unzipping, compiling bytecode), so the two venvs' installs
 # run side by side: two jobs, each command's output printed whole when it ends (--output-sync=line).
 install:
-	@$(MAKE) --no-print-directory -j2 --output-sync=line $(STAMP) $(VERL_STAMP) $(TPU_STAMP) browser
+	@$(MAKE) --no-print-directory -j2 --output-sync=line $(STAMP) $(VERL_STAMP) $(TPU_STAMP) $(MP_STAMP) browser
 
 demo: install
 	$(BIN)/tpu-pipeline doctor

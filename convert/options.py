@@ -46,6 +46,14 @@ class ConvertOptions:
     lm_prefill_len: int | None = None    # LMs: tokens per prefill call (default: min(32, max_len))
     lm_task: Any = None                  # LMs: the task an rl policy was trained on (convert/lm/task_accuracy.LMTask;
                                          # the CLI passes the policy's recorded recipe): each bundle's accuracy on it
+    # What an app hands the model (convert/app_io/spec.py, docs/convert/apps.md): a flag string or its record.
+    # Each overrides the model.pt manifest's `app_io`; the artifacts become what MediaPipe Tasks loads.
+    image: Any = None                    # "NAME[:mean=M:std=S]" or app_io.ImageInput: an RGB input (pixels 0..255)
+    audio: Any = None                    # "NAME:rate=HZ" or app_io.AudioInput: a mono waveform in -1..1
+    text: Any = None                     # "NAME:vocab=FILE" or app_io.TextInput: token ids of a regex tokenizer
+    labels: Any = None                   # a file (one label per line, index = class), a list of names, or app_io.Labels
+    metadata: dict[str, str] | Sequence[str] = dataclasses.field(default_factory=dict)  # TFLite metadata's
+                                         # name/description/version/author/license: a dict or KEY=VALUE strings
 
 
 # ConvertOptions field -> the CLI flag users know it by
@@ -53,7 +61,8 @@ FLAGS = {"input_shapes": "--input-shape", "shapes": "--shapes", "dynamic": "--dy
          "trust_pickle": "--trust-pickle", "calib": "--calib", "eval_data": "--eval-data", "prompts": "--prompts",
          "lm_max_len": "--max-len", "lm_prefill_len": "--prefill-len", "latency": "--no-latency",
          "refine_rounds": "--refine-rounds", "output_kinds": "--output-kind",
-         "metric": "--metric", "max_task_drop": "--max-task-drop"}
+         "metric": "--metric", "max_task_drop": "--max-task-drop",
+         "image": "--image", "audio": "--audio", "text": "--text", "labels": "--labels", "metadata": "--metadata"}
 
 DEFAULT_SAMPLES = 64  # parity rows drawn when no --eval-data gives them all: a verdict that 8 rows decided
                       # flipped between redraws (issue 19)

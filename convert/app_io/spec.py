@@ -1,0 +1,281 @@
+"""The input description: what an app hands the model (an RGB image, a mono
+waveform, a sentence) and what its scores mean (labels), said once and read
+by every step that faces the app: the app graph (graph.py), the TFLite
+metadata (metadata.py), the MediaPipe client check (client.py), model.json
+and the snippets.
+
+Records are typed and frozen; `parse_*` read the flag strings
+(`--image x:mean=127.5:std=127.5`, `--audio wav:rate=16000`,
+`--text ids:vocab=vocab.txt`, `--labels labels.txt`) into them. `describe`
+resolves the records against the model's inputs and outputs (which input,
+its layout, the class count) and raises UserError (exit 2) with one line
+on anything that cannot work, before anything is written."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Sequence
+
+from tpu_pipeline.errors import UserError
+
+# MediaPipe's RegexTokenizer conventions (metadata_schema.fbs RegexTokenizerOptions; Model Maker's
+# average-word-embedding text classifier): these three tokens must be in the vocab
+PAD, START, UNKNOWN = "<PAD>", "<START>", "<UNKNOWN>"
+REGEX_DELIMITER = r"[^\w\']+"
+TOKENIZERS = ("regex",)  # what this version writes into metadata; bert/sentencepiece: Hugging Face folders (issue 39)
+METADATA_KEYS = ("name", "description", "version", "author", "license")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImageInput:
+    """An RGB image input. MediaPipe's NormalizationOptions convention: model input =
+    (pixel - mean) / std, pixel in 0..255; one value or one per channel (R, G, B)."""
+
+    name: str                            # the model input (input_names / forward() argument)
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (255.0,)
+    layout: str | None = None            # NCHW | NHWC as PyTorch takes it; None: found from the 3-sized axis
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AudioInput:
+    """A mono waveform in -1..1 at `rate` Hz (MediaPipe AudioProperties: sample_rate, channels 1)."""
+
+    name: str
+    rate: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TextInput:
+    """Token ids of a sentence. regex: MediaPipe's RegexTokenizer, `vocab` holds "token id" lines
+    with <PAD> 0, <START> and <UNKNOWN>; the sentence is split on `delimiter`, lower-cased, started
+    with <START> and padded with <PAD> to the input's length."""
+
+    name: str
+    vocab: Path
+    tokenizer: str = "regex"
+    delimiter: str = REGEX_DELIMITER
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Labels:
+    """Class names, index = class (the score output's last axis)."""
+
+    names: tuple[str, ...]
+    source: str                          # a file path, "manifest" or "python"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AppIO:
+    """One model's app-facing description, resolved against it (describe()): at most one of
+    image/audio/text (the task's input), labels for its first output, the metadata's
+    name/description/version/author/license."""
+
+    image: ImageInput | None = None
+    audio: AudioInput | None = None
+    text: TextInput | None = None
+    labels: Labels | None = None
+    info: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def input(self) -> ImageInput | AudioInput | TextInput | None:
+        return self.image or self.audio or self.text
+
+    @property
+    def task(self) -> str | None:
+        """The MediaPipe task an app creates from the file."""
+        return ("ImageClassifier" if self.image else "AudioClassifier" if self.audio else
+                "TextClassifier" if self.text else None)
+
+
+def _pairs(spec: str, flag: str, allowed: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """`NAME:key=value:key=value` -> (NAME, {key: value})."""
+    name, *rest = spec.split(":")
+    if not name or "=" in name:
+        raise UserError(f"{flag} {spec!r}: expected NAME first (the model input), like {flag} x:{allowed[0]}=...")
+    out = {}
+    for part in rest:
+        key, eq, value = part.partition("=")
+        if not eq or key not in allowed:
+            raise UserError(f"{flag} {spec!r}: {part!r} is not one of {', '.join(k + '=...' for k in allowed)}")
+        out[key] = value
+    return name, out
+
+
+def _floats(value: str, what: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise UserError(f"{what} {value!r}: expected a number or three comma-separated numbers (R,G,B)") from None
+    if len(vals) not in (1, 3):
+        raise UserError(f"{what} {value!r}: one value or one per channel (3), not {len(vals)}")
+    return vals
+
+
+def parse_image(spec: str | ImageInput) -> ImageInput:
+    if isinstance(spec, ImageInput):
+        img = spec
+    else:
+        name, kv = _pairs(spec, "--image", ("mean", "std"))
+        img = ImageInput(name=name, **{k: _floats(v, f"--image {k}") for k, v in kv.items()})
+    if any(s == 0 for s in img.std):
+        raise UserError(f"--image {img.name}: std must not be 0 (model input = (pixel - mean) / std)")
+    if img.layout not in (None, "NCHW", "NHWC"):
+        raise UserError(f"--image {img.name}: layout {img.layout!r} is not NCHW or NHWC")
+    return img
+
+
+def parse_audio(spec: str | AudioInput) -> AudioInput:
+    if isinstance(spec, AudioInput):
+        aud = spec
+    else:
+        name, kv = _pairs(spec, "--audio", ("rate",))
+        if "rate" not in kv:
+            raise UserError(f"--audio {spec!r}: give the sample rate, like --audio {name}:rate=16000")
+        try:
+            aud = AudioInput(name=name, rate=int(kv["rate"]))
+        except ValueError:
+            raise UserError(f"--audio {spec!r}: rate {kv['rate']!r} is not a whole number of Hz") from None
+    if aud.rate <= 0:
+        raise UserError(f"--audio {aud.name}: rate must be a positive number of Hz, not {aud.rate}")
+    return aud
+
+
+def parse_text(spec: str | TextInput) -> TextInput:
+    if isinstance(spec, TextInput):
+        txt = spec
+    else:
+        name, kv = _pairs(spec, "--text", ("vocab",))
+        if "vocab" not in kv:
+            raise UserError(f"--text {spec!r}: give the tokenizer vocab, like --text {name}:vocab=vocab.txt")
+        txt = TextInput(name=name, vocab=Path(kv["vocab"]))
+    if txt.tokenizer not in TOKENIZERS:
+        raise UserError(f"--text {txt.name}: tokenizer {txt.tokenizer!r} is not one of {', '.join(TOKENIZERS)}")
+    read_vocab(txt)
+    return txt
+
+
+def read_vocab(txt: TextInput) -> dict[str, int]:
+    """The regex tokenizer's vocab file -> {token: id}; one line per token, "token id"."""
+    try:
+        lines = Path(txt.vocab).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--text {txt.name}: cannot read vocab {txt.vocab} ({type(e).__name__}: {e})") from None
+    vocab = {}
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2 or not re.fullmatch(r"\d+", parts[1]):
+            raise UserError(f"--text {txt.name}: vocab {txt.vocab} line {i} is {line!r}, not \"token id\"")
+        vocab[parts[0]] = int(parts[1])
+    missing = [t for t in (PAD, START, UNKNOWN) if t not in vocab]
+    if missing:
+        raise UserError(f"--text {txt.name}: vocab {txt.vocab} lacks {', '.join(missing)} (MediaPipe's regex "
+                        "tokenizer needs <PAD>, <START> and <UNKNOWN>)")
+    return vocab
+
+
+def parse_labels(spec: str | Path | Sequence[str] | Labels) -> Labels:
+    if isinstance(spec, Labels):
+        return spec
+    if isinstance(spec, (str, Path)):
+        try:
+            names = Path(spec).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"--labels {spec}: cannot read it ({type(e).__name__}: {e})") from None
+        while names and not names[-1].strip():
+            names.pop()
+        labels = Labels(names=tuple(n.strip() for n in names), source=str(spec))
+    else:
+        labels = Labels(names=tuple(str(n) for n in spec), source="python")
+    if not labels.names or any(not n for n in labels.names):
+        raise UserError(f"--labels {labels.source}: one label per line, none empty "
+                        f"({len(labels.names)} lines read)")
+    return labels
+
+
+def parse_info(spec: dict[str, str] | Sequence[str] | None) -> dict[str, str]:
+    """--metadata KEY=VALUE (repeated) or a dict -> {key: value}; keys METADATA_KEYS."""
+    items = (spec or {}).items() if isinstance(spec, dict) or spec is None else [
+        s.partition("=")[::2] if "=" in s else (s, None) for s in spec]
+    out = {}
+    for key, value in items:
+        if key not in METADATA_KEYS or value is None:
+            raise UserError(f"--metadata {key}{'' if value is None else '=' + value}: expected KEY=VALUE with KEY one of "
+                            f"{', '.join(METADATA_KEYS)}")
+        out[key] = str(value)
+    return out
+
+
+def describe(*, image=None, audio=None, text=None, labels=None, info=None, given: AppIO | None = None,
+             input_names: Sequence[str], input_shapes: Sequence[tuple[int, ...]], input_dtypes: Sequence[str],
+             output_shapes: Sequence[tuple[int, ...]]) -> AppIO | None:
+    """The options (flag strings or records) over `given` (a manifest's or a loader's description),
+    resolved against the model: which input, its layout, the class count. None when nothing is
+    described. One line (UserError) for anything that cannot work."""
+    g = given or AppIO()
+    img = parse_image(image) if image is not None else g.image
+    aud = parse_audio(audio) if audio is not None else g.audio
+    txt = parse_text(text) if text is not None else g.text
+    lab = parse_labels(labels) if labels is not None else g.labels
+    meta = {**g.info, **parse_info(info)}
+    if img is None and aud is None and txt is None and lab is None:
+        if meta:
+            raise UserError("--metadata describes an app-ready artifact: give --image, --audio, --text or --labels too")
+        return None
+    said = [f for f, v in (("--image", img), ("--audio", aud), ("--text", txt)) if v is not None]
+    if len(said) > 1:
+        raise UserError(f"{said[0]} and {said[1]}: an artifact has one app input (one MediaPipe task)")
+    if said and len(input_names) != 1:
+        raise UserError(f"{said[0]}: MediaPipe's classifiers take one input; this model takes {len(input_names)} "
+                        f"({', '.join(input_names)})")
+    dims = dict(zip(input_names, zip(input_shapes, input_dtypes)))
+    spec = img or aud or txt
+    if spec is not None and spec.name not in dims:
+        raise UserError(f"{said[0]} {spec.name}: the model has no input of that name (inputs: {', '.join(input_names)})")
+    if img is not None:
+        img = dataclasses.replace(img, layout=_image_layout(img, *dims[img.name]))
+    if aud is not None:
+        shape, dtype = dims[aud.name]
+        if len(shape) != 2 or shape[0] != 1 or not dtype.startswith("float"):
+            raise UserError(f"--audio {aud.name}: a mono waveform input is float [1, samples]; this one is {dtype} "
+                            f"{list(shape)}")
+    if txt is not None:
+        shape, dtype = dims[txt.name]
+        if len(shape) != 2 or shape[0] != 1 or dtype.startswith(("float", "bool")):
+            raise UserError(f"--text {txt.name}: token ids are an integer [1, length] input; this one is {dtype} "
+                            f"{list(shape)}")
+    if lab is not None:
+        head = output_shapes[0] if output_shapes else ()
+        if len(head) != 2 or head[0] != 1:
+            raise UserError(f"--labels {lab.source}: labels name the classes of a [1, classes] output; the first "
+                            f"output is {list(head)}")
+        if len(lab.names) != head[1]:
+            raise UserError(f"--labels {lab.source}: {len(lab.names)} labels for {head[1]} classes (the first "
+                            f"output's last axis)")
+    return AppIO(image=img, audio=aud, text=txt, labels=lab, info=meta)
+
+
+def _image_layout(img: ImageInput, shape: tuple[int, ...], dtype: str) -> str:
+    if len(shape) != 4 or shape[0] != 1 or not dtype.startswith("float"):
+        raise UserError(f"--image {img.name}: an image input is float [1, 3, H, W] or [1, H, W, 3]; this one is "
+                        f"{dtype} {list(shape)}")
+    found = [lay for lay, axis in (("NCHW", 1), ("NHWC", 3)) if shape[axis] == 3]
+    if img.layout is not None:
+        if img.layout not in found:
+            raise UserError(f"--image {img.name}: layout {img.layout} needs 3 channels on axis "
+                            f"{1 if img.layout == 'NCHW' else 3}; the input is {list(shape)}")
+        return img.layout
+    if not found:
+        raise UserError(f"--image {img.name}: an RGB input has a 3-sized channel axis; this one is {list(shape)} "
+                        "(a grayscale or other input is not an image MediaPipe can feed)")
+    if len(found) == 2:
+        raise UserError(f"--image {img.name}: {list(shape)} has 3 on both axis 1 and 3; say the layout "
+                        "(Python: ImageInput(layout='NCHW'))")
+    for what, vals in (("mean", img.mean), ("std", img.std)):
+        if len(vals) not in (1, 3):
+            raise UserError(f"--image {img.name}: {what} takes one value or one per channel")
+    return found[0]
