@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_guard_refuses_every_way_to_start_a_child_and_restores_them():
     before = (subprocess._fork_exec, os.fork, os.system, subprocess._USE_POSIX_SPAWN)
-    with fast_loop._no_children():
+    with fast_loop._no_children(guarded=True):
         with pytest.raises(fast_loop.ChildProcessInFastLoop, match="SLOW_PATHS"):
             subprocess.run(["true"])
         with pytest.raises(fast_loop.ChildProcessInFastLoop):
@@ -39,3 +39,25 @@ def test_every_left_out_path_exists_and_says_why():
     for path, why in fast_loop.SLOW_PATHS.items():
         assert (ROOT / path.split("::", 1)[0]).is_file(), path
         assert why.strip(), path
+
+
+class _Item:
+    def __init__(self, nodeid: str, markers: tuple[str, ...] = ()):
+        self.nodeid, self.markers = nodeid, markers
+
+    def get_closest_marker(self, name):
+        return name if name in self.markers else None
+
+
+def test_make_test_guards_exactly_what_the_fast_loop_keeps():
+    # make test runs with --fast-loop=guard: the tests make test-fast keeps are guarded there too
+    assert fast_loop._kept(_Item("tests/core/test_cli.py::test_version"))
+    assert not fast_loop._kept(_Item("tests/core/test_cli.py::test_console_script_in_subprocess"))
+    assert not fast_loop._kept(_Item("tests/core/test_x.py::test_y", ("slow",)))
+    assert not fast_loop._kept(_Item("tests/core/test_x.py::test_y", ("gpu",)))
+    before = subprocess._fork_exec
+    with fast_loop._no_children(guarded=False):  # a test the fast loop leaves out may start children
+        assert subprocess._fork_exec is before
+    makefile = (ROOT / "Makefile").read_text()
+    full_gate = makefile.split("\ntest: ", 1)[1].split("\n\n", 1)[0]
+    assert "-p tpu_pipeline.testing.fast_loop --fast-loop=guard" in full_gate

@@ -6,8 +6,11 @@ A pytest plugin (`-p tpu_pipeline.testing.fast_loop`). With it, pytest leaves ou
   Chromium, torchrun, Ray, the CLI as a console script), or exports a model with litert-torch
   (seconds to tens of seconds each), measured as the reason beside each.
 While a kept test sets up and runs, starting a child process fails it, naming the command and
-where to list the test, so the fast loop stays fast as tests are added (`make test`, the full
-gate, runs everything either way).
+where to list the test, so the fast loop stays fast as tests are added.
+
+`make test`, the full gate, runs everything with `--fast-loop=guard`: nothing is left out, but a
+test the fast loop would keep still fails if it starts a child, so the quick loop cannot go red
+while the full gate stays green.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ SLOW_PATHS = {
     "tests/core/test_device.py": "probes torch-tpu in a child; torch.compile",
     "tests/core/test_tpu_contract_on_cpu.py": "torch-tpu in .venv-tpu's interpreter, a child",
     "tests/core/test_cli.py::test_console_script_in_subprocess": "the console script",
+    "tests/core/test_cli.py::test_debug_shows_the_tools_own_debug_lines": "a fresh interpreter",
     "tests/core/test_cpu_load.py::test_a_spinning_child_is_one_busy_core": "a spinning child",
     "tests/core/test_quiet_terminal.py::test_convert_prints_only_its_own_lines_and_debug_shows_the_rest": "a real convert",
     "tests/docs/test_examples.py::test_a_broken_block_fails": "runs bash and python children",
@@ -98,7 +102,26 @@ def _left_out(nodeid: str) -> str | None:
     return None
 
 
+FAST_MARKERS_LEFT_OUT = ("slow", "gpu", "tpu")  # the Makefile's `-m "not slow and not gpu and not tpu"`
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast-loop", choices=("select", "guard"), default="select",
+                     help="select: leave out the slow tests and guard the rest (make test-fast); guard: run every "
+                          "test, guarding those the fast loop keeps (make test)")
+
+
+def _selecting(config) -> bool:
+    return config.getoption("--fast-loop") == "select"
+
+
+def _kept(item) -> bool:
+    return _left_out(item.nodeid) is None and not any(item.get_closest_marker(m) for m in FAST_MARKERS_LEFT_OUT)
+
+
 def pytest_ignore_collect(collection_path, config):
+    if not _selecting(config):
+        return None
     # a whole file left out is not even imported: collecting the convert and kernels files imports
     # litert-torch, JAX and transformers, a minute of the loop on a loaded box
     try:
@@ -109,6 +132,8 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
+    if not _selecting(config):
+        return
     kept, dropped = [], []
     for item in items:
         (dropped if _left_out(item.nodeid) else kept).append(item)
@@ -143,18 +168,24 @@ _GUARDED = (
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    with _no_children():
+    with _no_children(_kept(item)):
         yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    with _no_children():
+    with _no_children(_kept(item)):
         yield
 
 
 class _no_children:
+    def __init__(self, guarded: bool):
+        self.guarded = guarded
+
     def __enter__(self):
+        self.saved = []
+        if not self.guarded:
+            return
         self.saved = [(mod, name, getattr(mod, name)) for mod, name, _ in _GUARDED if hasattr(mod, name)]
         for mod, name, what in _GUARDED:
             if hasattr(mod, name):
@@ -164,6 +195,8 @@ class _no_children:
         subprocess._USE_POSIX_SPAWN = False
 
     def __exit__(self, *exc):
+        if not self.guarded:
+            return False
         for mod, name, fn in self.saved:
             setattr(mod, name, fn)
         subprocess._USE_POSIX_SPAWN = self.spawn_flag
