@@ -119,11 +119,13 @@ lint: $(STAMP)
 # Chromium, the GPU worker, VeRL's Ray cluster) or run single-threaded export code, so two
 # overlap on the two cores; the slowest tests are listed at the end (--durations), then each worker's
 # seconds. The longest files start first, in tests/conftest.py's LONG_FILES order (kept by
-# --no-loadscope-reorder; xdist would sort the files by their number of tests).
+# --no-loadscope-reorder; xdist would sort the files by their number of tests). The fast loop's guard runs
+# here too (--fast-loop=guard: nothing left out), so a test that `make test-fast` keeps and that starts a
+# child process fails the full gate, not only the quick loop nobody runs in CI.
 test: install
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory docs
-	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
+	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 -p tpu_pipeline.testing.fast_loop --fast-loop=guard
 
 # The quick loop while editing (docs/contributing.md): the unit tests that start no child process, browser,
 # export or VeRL launch. tests/support/fast_loop.py leaves the rest out (each with its reason) and fails a
