@@ -449,6 +449,8 @@ def _target(prof: TargetProfile, run: _Run, gate: Parity | None) -> TargetResult
         winner = _repair_ranges(prof, winner, run)
     if prof.npu_socs and winner.passed and isinstance(run.model, ModuleKind):
         winner = _npu(prof, winner, tries, run)
+    if isinstance(run.model, ModuleKind):  # app_io: TFLite metadata, then the MediaPipe task on the eval rows
+        winner = run.model.app_ready(prof, winner)
     return winner
 
 

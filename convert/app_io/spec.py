@@ -50,8 +50,8 @@ class AudioInput:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TextInput:
     """Token ids of a sentence. regex: MediaPipe's RegexTokenizer, `vocab` holds "token id" lines
-    with <PAD> 0, <START> and <UNKNOWN>; the sentence is split on `delimiter`, lower-cased, started
-    with <START> and padded with <PAD> to the input's length."""
+    with <PAD> 0, <START> and <UNKNOWN>; the sentence is split on `delimiter`, started with <START>
+    and padded with <PAD> to the input's length."""
 
     name: str
     vocab: Path
@@ -232,6 +232,9 @@ def describe(*, image=None, audio=None, text=None, labels=None, info=None, given
     if said and len(input_names) != 1:
         raise UserError(f"{said[0]}: MediaPipe's classifiers take one input; this model takes {len(input_names)} "
                         f"({', '.join(input_names)})")
+    if said and len(output_shapes) != 1:
+        raise UserError(f"{said[0]}: MediaPipe's classifiers read every output as a head of class scores; this "
+                        f"model has {len(output_shapes)} outputs")
     dims = dict(zip(input_names, zip(input_shapes, input_dtypes)))
     spec = img or aud or txt
     if spec is not None and spec.name not in dims:
@@ -279,3 +282,32 @@ def _image_layout(img: ImageInput, shape: tuple[int, ...], dtype: str) -> str:
         if len(vals) not in (1, 3):
             raise UserError(f"--image {img.name}: {what} takes one value or one per channel")
     return found[0]
+
+
+MANIFEST_KEYS = ("image", "audio", "text", "labels", "metadata")
+
+
+def from_manifest(d: dict, folder: Path, where: str) -> AppIO:
+    """A model.pt manifest's `app_io` object -> AppIO (not yet checked against the model: describe
+    does): image/audio/text as the flags take them, labels a list of names or a file, metadata an
+    object; files relative to the manifest's folder."""
+    if not isinstance(d, dict) or set(d) - set(MANIFEST_KEYS):
+        raise UserError(f"{where}: manifest field 'app_io' takes {', '.join(MANIFEST_KEYS)}")
+    for key in ("image", "audio", "text"):
+        if d.get(key) is not None and not isinstance(d[key], str):
+            raise UserError(f"{where}: app_io.{key} is a string as --{key} takes it")
+    txt = None
+    if d.get("text") is not None:
+        name, kv = _pairs(d["text"], "--text", ("vocab",))
+        txt = parse_text(TextInput(name=name, vocab=folder / kv.get("vocab", "")))
+    labels = d.get("labels")
+    if isinstance(labels, str):
+        labels = folder / labels
+    elif labels is not None and not (isinstance(labels, list) and all(isinstance(n, str) for n in labels)):
+        raise UserError(f"{where}: app_io.labels is a list of names or a file")
+    lab = parse_labels(labels) if labels is not None else None
+    if lab is not None and not isinstance(labels, Path):
+        lab = dataclasses.replace(lab, source="the manifest's app_io.labels")
+    return AppIO(image=parse_image(d["image"]) if d.get("image") else None,
+                 audio=parse_audio(d["audio"]) if d.get("audio") else None, text=txt, labels=lab,
+                 info=parse_info(d.get("metadata") or {}))

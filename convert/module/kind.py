@@ -14,11 +14,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from tpu_pipeline.convert.app_io import AppIO, describe
+from tpu_pipeline.convert.app_io import client as app_client
+from tpu_pipeline.convert.app_io import metadata as app_metadata
+from tpu_pipeline.convert.app_io.graph import app_graph, to_app
+from tpu_pipeline.convert.app_io.metadata import app_json
 from tpu_pipeline.convert.kinds import ModelKind, Progress, register_kind
 from tpu_pipeline.convert.module import lstm_int8
 from tpu_pipeline.convert.module.accelerators import FLOAT16_CHECK, Pending
@@ -76,6 +82,7 @@ class ModuleKind(ModelKind):
         self.max_drop_given: dict[str, float] = {}  # --max-task-drop, parsed (task_score.parse_max_drop)
         self._eval_got: dict[tuple[int, str], tuple[bytes, list]] = {}
         self.given_kinds = dict(given_kinds or {})
+        self.app: AppIO | None = None  # what an app hands the model (app_io), set by from_loaded
         # per output: (kind, where it came from); decided once the float graph is known (export_float)
         self.kinds: list[tuple[str, str]] = [self._kind_without_graph(k) for k in range(len(ref[0]))]
         self.calib_data = calib_data
@@ -121,6 +128,10 @@ class ModuleKind(ModelKind):
         overlap = None
         if ev is not None and calib_data:
             calib_data, overlap = _without_rows(calib_data, ev.rows, calib_source)
+        m, app = _app_graph(m, o)  # the graph apps feed (app_io); rows given in PyTorch's input space follow
+        if app is not None:
+            calib_data = calib_data and to_app(calib_data, m.input_names, app)
+            ev = ev and dataclasses.replace(ev, rows=to_app(ev.rows, m.input_names, app))
         samples, source, calib_data = _parity_samples(m, ev.rows if ev else None, calib_data, calib_source,
                                                       o.samples, rng)
         try:
@@ -149,6 +160,7 @@ class ModuleKind(ModelKind):
             o.max_task_drop, [])
         if overlap:
             kind.notes.append(overlap)
+        kind.app = app
         return kind
 
     def _kind_without_graph(self, k: int) -> tuple[str, str]:
@@ -491,6 +503,31 @@ class ModuleKind(ModelKind):
                 "speedup_vs_torch": (self.torch_ms / art_ms) if art_ms else None,
                 "runtime": "ai-edge-litert (XNNPACK)"}
 
+    def app_ready(self, prof: TargetProfile, r: TargetResult) -> TargetResult:
+        """A passed artifact made what apps load (app_io): TFLite metadata written by MediaPipe's own
+        code and read back by its reader; then, with an input described, the artifact created as its
+        MediaPipe task and run on the eval rows (else the parity rows) as raw data. A file the client
+        refuses fails the target as a conversion error, a client score below the bound as parity.
+        iot (TFLM reads no metadata) and android-npu (its compiled files) keep their artifacts."""
+        if self.app is None or not r.passed or r.artifact is None or prof.runtime == "tflite-micro" or prof.npu_socs:
+            return r
+        clock_t = time.perf_counter()
+        try:
+            model, shown = app_metadata.write(r.artifact.model, self.app, r.info.inputs[0].dtype)
+            r.artifact, r.size_bytes = dataclasses.replace(r.artifact, model=model), len(model)
+            app = r.parity["app"] = {"metadata": {k: shown["json"].get(k) for k in ("name", "min_parser_version")}
+                                     | {"files": shown["files"], "read_back_by": "MediaPipe MetadataDisplayer"}}
+            if self.app.task is not None:
+                rows = self.eval_set.rows if self.task is not None else self.samples
+                bound, bound_from = self._max_drop(prof) if self.task is not None else (0.0, "")
+                app["client"] = c = app_client.check(model, r.info, self.app, rows, self.task, bound, bound_from)
+                if not c["passed"]:
+                    r.fail("parity", f"{prof.name}: {c['reason']}")
+        except ConversionError as e:
+            r.fail("conversion", f"{prof.name}: the app client refuses the artifact: {e}")
+        r.timings_s["app_client"] = time.perf_counter() - clock_t
+        return r
+
     def model_json(self, r: TargetResult) -> dict:
         m, info = self.m, r.info
         # info is None when the interpreter refused the artifact: its model.json still says why.
@@ -501,7 +538,8 @@ class ModuleKind(ModelKind):
                 "quantization": r.quantization, "runtime": r.runtime, "size_bytes": r.size_bytes,
                 "sha256": r.sha256, "signature": "serving_default", "inputs": ins, "outputs": outs,
                 "task": m.task, "notes": self.notes, "parity": r.parity, "latency_ms": r.latency_ms,
-                "errors": r.errors, "warnings": r.warnings, "firmware": r.firmware}
+                "errors": r.errors, "warnings": r.warnings, "firmware": r.firmware,
+                **({"app": app_json(self.app, info, (r.parity or {}).get("app"))} if self.app else {})}
 
     def report_fields(self) -> dict:
         m = self.m
@@ -666,6 +704,27 @@ def _float16_sensitivity(module: torch.nn.Module, samples, ref, names) -> dict:
             "rounded to float16; arithmetic in float32)", "outputs": per_output,
             "first_nonfinite": (f"{first_bad} ({bad[first_bad]})" if first_bad in bad else first_bad),
             "first_lossy": f"{lossy} (relative error {rel[lossy]:.3g})" if lossy else None, "layers_seen": len(order)}
+
+
+def _app_graph(m: LoadedModel, o: ConvertOptions) -> tuple[LoadedModel, AppIO | None]:
+    """The options' and the loader's input description (app_io), checked against the model, and
+    the model as apps feed it (graph.app_graph: NHWC image input, softmax head); (m, None) when
+    nothing is described."""
+    with torch.no_grad(), torch_threads():
+        outs = flatten_outputs(m.module(*m.sample_args))
+    app = describe(image=o.image, audio=o.audio, text=o.text, labels=o.labels, info=o.metadata, given=m.app_io,
+                   input_names=m.input_names, input_shapes=[tuple(a.shape) for a in m.sample_args],
+                   input_dtypes=[str(a.dtype).replace("torch.", "") for a in m.sample_args],
+                   output_shapes=[tuple(t.shape) for t in outs])
+    if app is None:
+        return m, None
+    if "name" not in app.info:  # the metadata's model name: the class a manifest names (a .pt2: "model")
+        name = type(m.module).__name__
+        app = dataclasses.replace(app, info={**app.info, "name": "model" if name == "GraphModule" else name})
+    module, notes = app_graph(m.module, m.input_names, app, outs[0].float().numpy())
+    args = to_app([[a.numpy() for a in m.sample_args]], m.input_names, app)[0]
+    return dataclasses.replace(m, module=module, sample_args=tuple(torch.from_numpy(a) for a in args),
+                               notes=[*m.notes, *notes]), app
 
 
 def _random_sample(m: LoadedModel, rng) -> list[np.ndarray]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tpu_pipeline.convert.app_io.spec import AppIO, from_manifest
 from tpu_pipeline.convert.module.embedding_rows import embedding_rows
 from tpu_pipeline.convert.tool_output import first_line
 from tpu_pipeline.errors import PipelineError, UserError
@@ -48,6 +50,7 @@ class LoadedModel:
     calibration: list[torch.Tensor] | None = None  # manifest's calibration_inputs: real rows, (N, *shape[1:]) per input
     shape_buckets: dict[str, list[str]] | None = None  # manifest's shape_buckets: shapes/dynamic/pad as the flags take
                                                        # them (convert/shapes.py)
+    app_io: AppIO | None = None  # what an app hands the model (convert/app_io): the manifest's app_io, or a loader's
     exported_dims: list[list[tuple[int, int | None]]] | None = None  # a torch.export program's input shapes, per
     # input and axis (lowest, highest or None: unbounded); lowest == highest: the graph was specialised to that size,
     # so shape buckets must stay inside (convert/shapes.py)
@@ -132,11 +135,22 @@ def load_object(model: nn.Module | torch.export.ExportedProgram, sample_args: An
                 raise UserError(f"{type(model).__name__}: pass sample_args (the inputs forward() takes)")
             args = model.example_inputs()
         loaded = LoadedModel(module=model, sample_args=tuple(args), source_format="nn.Module",
-                             input_names=[f"input_{i}" for i in range(len(args))])
+                             input_names=_forward_names(model, len(args)))
     else:
         raise UserError(f"model must be an nn.Module, a torch.export.ExportedProgram or a path, "
                         f"not {type(model).__name__}")
     return _finish(loaded)
+
+
+def _forward_names(model: nn.Module, n: int) -> list[str]:
+    """An in-memory module's input names: forward()'s positional parameters (what --image NAME and
+    the eval .npz keys name), else input_0.. when they do not say (*args)."""
+    try:
+        params = [p for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return [p.name for p in params[:n]] if len(params) >= n else [f"input_{i}" for i in range(n)]
 
 
 def _sniff(path: Path) -> str:
@@ -368,7 +382,8 @@ def _from_manifest(m: dict, path: Path, input_shapes, model_class, model_kwargs)
                        input_names=names, output_names=m.get("output_names"), task=m.get("task"), notes=notes,
                        output_kinds=m.get("output_kinds") if isinstance(m.get("output_kinds"), dict) else None,
                        calibration=[c.cpu() for c in calib] if calib is not None and not input_shapes else None,
-                       shape_buckets={k: list(v) for k, v in buckets.items()} if buckets else None)
+                       shape_buckets={k: list(v) for k, v in buckets.items()} if buckets else None,
+                       app_io=from_manifest(m["app_io"], path.parent, str(path)) if m.get("app_io") else None)
 
 
 def _load_hf_folder(path: Path, input_shapes, seq_len) -> LoadedModel:

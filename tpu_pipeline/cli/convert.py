@@ -64,11 +64,26 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
               help="LMs: KV-cache length of the artifact [default: min(max_position_embeddings, 256)].")
 @click.option("--prefill-len", "lm_prefill_len", type=click.IntRange(1, 8192), default=None,
               help="LMs: tokens per prefill call [default: min(32, max-len)].")
+@click.option("--image", default=None, metavar="NAME[:mean=M:std=S]",
+              help="Input NAME is an RGB image (PyTorch NCHW or NHWC): the artifacts take NHWC [1, H, W, 3] with "
+                   "TFLite metadata model input = (pixel - mean) / std, pixels 0..255 [default mean 0, std 255; one "
+                   "value or R,G,B], and are checked as MediaPipe ImageClassifier models (docs/convert/apps.md).")
+@click.option("--audio", default=None, metavar="NAME:rate=HZ",
+              help="Input NAME is a mono waveform in -1..1 at HZ: audio metadata, checked as a MediaPipe "
+                   "AudioClassifier.")
+@click.option("--text", default=None, metavar="NAME:vocab=FILE",
+              help="Input NAME is token ids of a regex tokenizer (FILE: \"token id\" lines with <PAD>, <START>, "
+                   "<UNKNOWN>): tokenizer metadata with the vocab, checked as a MediaPipe TextClassifier.")
+@click.option("--labels", default=None, type=click.Path(),
+              help="One label per line, index = class of the first output: written into the metadata; a logits head "
+                   "gets a softmax so its scores are probabilities.")
+@click.option("--metadata", "metadata", multiple=True, metavar="KEY=VALUE",
+              help="TFLite metadata: name, description, version, author or license (repeat).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def command(model, targets, out, input_shapes, shapes, dynamic, pad, model_class, model_kwargs, trust_pickle, calib, eval_data, metric,
             max_task_drop, samples,
             output_kinds, atol, rtol, min_cosine, seed, refine_rounds, no_latency, profile_dir, prompts, lm_max_len, lm_prefill_len,
-            as_json):
+            image, audio, text, labels, metadata, as_json):
     """Convert MODEL to LiteRT artifacts for each target and check each on its runtime.
 
     MODEL: a torch.export archive (.pt2), a tpu-pipeline model.pt, a state_dict
@@ -94,6 +109,7 @@ def command(model, targets, out, input_shapes, shapes, dynamic, pad, model_class
                      output_kinds=tuple(output_kinds), atol=atol, rtol=rtol,
                      min_cosine=min_cosine, seed=seed, refine_rounds=refine_rounds, latency=not no_latency,
                      profile_dir=profile_dir, prompts=prompts, lm_max_len=lm_max_len, lm_prefill_len=lm_prefill_len,
+                     image=image, audio=audio, text=text, labels=labels, metadata=tuple(metadata),
                      **({"lm_task": lm_task} if lm_task is not None else {}))
     if as_json:
         click.echo(files.json_text(result.report, indent=2))
@@ -142,6 +158,12 @@ def _print_table(report: dict) -> None:
         task = (t.get("parity") or {}).get("task_score")
         if task:
             click.echo(f"{name}: {_task_line(task)}")
+    for name, t in report["targets"].items():
+        client = ((t.get("parity") or {}).get("app") or {}).get("client")
+        if client:  # the artifact as apps load it (convert/app_io/client.py)
+            task = client.get("task_score")
+            click.echo(f"{name}: through MediaPipe {client['task']}: " + (_task_line(task) if task else
+                       f"top-1 agreement with ai-edge-litert {client['vs_runtime_same_raw']['top1_agreement']:.3f}"))
     for name, t in report["targets"].items():
         if t.get("chosen_because"):
             click.echo(f"{name}: {t['quantization']}: {t['chosen_because']}")

@@ -1,0 +1,84 @@
+"""The verdict through the client apps use: the artifact (with its metadata) created as its
+MediaPipe task (Python Tasks: the same C++ task graphs as Android and iOS) in the MediaPipe
+child, fed the rows as an app hands them over (uint8 RGB images, float waveforms, sentences) and
+left to do its own preprocessing (resize, (pixel - mean) / std from the metadata, framing,
+tokenizing). Its scores are judged twice: with labels, by the task metric against PyTorch's
+(the same bound as the target's runtime); always, against the same artifact on ai-edge-litert
+fed the same raw data by this package's reading of the metadata, which tells a client that reads
+the file differently from a model that scores differently."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from tpu_pipeline.convert.app_io.graph import from_pixels, to_pixels
+from tpu_pipeline.convert.app_io.spec import PAD, START, UNKNOWN, AppIO, read_vocab
+from tpu_pipeline.convert.app_io.worker import call
+from tpu_pipeline.convert.runtimes.litert import LitertRunner
+from tpu_pipeline.convert.tflite_info import ModelInfo
+from tpu_pipeline.convert.verdict.task_score import TaskScore
+from tpu_pipeline.errors import ConversionError
+
+MIN_AGREEMENT = 0.98  # top-1 agreement with ai-edge-litert on the same raw rows (near-tie rows may flip)
+TASKS = {"image": "ImageClassifier", "audio": "AudioClassifier", "text": "TextClassifier"}
+CLIENT = "MediaPipe Tasks 1.2.2 (Python; the C++ task graphs Android and iOS run)"
+
+
+def _raw(app: AppIO, rows: list[list[np.ndarray]]) -> tuple[str, dict, list[list[np.ndarray]], dict]:
+    """(task, the raw data as the worker takes it, the model input each raw row becomes by the
+    metadata, notes): an app hands over 8-bit pixels, so an image row is rounded to them first."""
+    if app.image is not None:
+        pix, errs = zip(*(to_pixels(r[0], app.image) for r in rows))
+        return ("image", {"pixels": np.stack(pix)}, [[from_pixels(p, app.image)] for p in pix],
+                {"pixel_rounding_max_abs": float(max(errs))})
+    if app.audio is not None:
+        return "audio", {"waveforms": np.stack([r[0][0] for r in rows]).astype(np.float32)}, rows, {}
+    vocab = read_vocab(app.text)
+    words = {i: w for w, i in vocab.items()}
+    unknown = next(w for w in (f"zq{'q' * n}" for n in range(64)) if w not in vocab)
+    skip = {vocab[PAD], vocab[START]}
+    texts = [" ".join(unknown if words.get(int(i)) in (None, UNKNOWN) else words[int(i)]
+                      for i in r[0][0] if int(i) not in skip) for r in rows]
+    return "text", {"texts": texts}, rows, {"sentences": texts[:3]}
+
+
+def check(model: bytes, info: ModelInfo, app: AppIO, rows: list[list[np.ndarray]], task: TaskScore | None,
+          max_drop: float, bound_from: str) -> dict:
+    """The MediaPipe task on `rows` (the app graph's input space; the eval rows when `task` scores
+    them) -> report.json's `client` figures, with "passed" and, when it fails, "reason". A client
+    that refuses the file raises ConversionError (one line)."""
+    kind, raw, fed, notes = _raw(app, rows)
+    with tempfile.TemporaryDirectory(prefix="tpu-pipeline-client-") as d:
+        d = Path(d)
+        (d / "model.tflite").write_bytes(model)
+        np.savez(d / "rows.npz", **{k: v for k, v in raw.items() if k != "texts"})
+        req = {"op": "classify", "task": kind, "model": str(d / "model.tflite"), "rows": str(d / "rows.npz"),
+               "out": str(d / "out.npz"), "texts": raw.get("texts", []),
+               "rate": app.audio.rate if app.audio else None}
+        ans = call(req, f"MediaPipe {TASKS[kind]}")
+        scores = np.load(d / "out.npz")["scores"]
+    width = int(np.prod(info.outputs[0].shape[1:]))
+    if scores.shape != (len(rows), width):
+        raise ConversionError(f"MediaPipe {TASKS[kind]} gave {scores.shape[1]} class scores per row; the model has "
+                              f"{width}")
+    runner = LitertRunner(model, info)
+    same = np.concatenate([runner.run(r)[0].reshape(1, -1) for r in fed])  # run() dequantizes
+    agree = float((scores.argmax(1) == same.argmax(1)).mean())
+    out = {"client": f"{CLIENT} {TASKS[kind]}", "task": TASKS[kind], "rows": len(rows), **notes,
+           "category_names": ans.get("category_names", [])[:8],
+           "vs_runtime_same_raw": {"top1_agreement": agree, "max_abs": float(np.abs(scores - same).max(initial=0))}}
+    reasons = []
+    if agree < MIN_AGREEMENT:
+        reasons.append(f"MediaPipe {TASKS[kind]} agrees with ai-edge-litert on the same raw rows on {agree:.1%} of "
+                       f"top-1 classes (< {MIN_AGREEMENT:.0%}): the client reads the file differently")
+    if task is not None:
+        t = out["task_score"] = task.judge([scores], max_drop, f"{CLIENT} {TASKS[kind]}", bound_from)
+        if not t["passed"]:
+            reasons.append(f"through MediaPipe {TASKS[kind]}: {t['reason']}")
+    out["passed"] = not reasons
+    if reasons:
+        out["reason"] = reasons[0]
+    return out
