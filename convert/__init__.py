@@ -17,6 +17,8 @@ is an import-linter contract in pyproject.toml.
 
 import importlib
 
+from tpu_pipeline.library_noise import quieted
+
 if __name__ != "tpu_pipeline.convert":
     # A top-level `convert` is another PyPI distribution; this folder is only ever
     # tpu_pipeline.convert (see pyproject's package-dir).
@@ -32,7 +34,8 @@ _EXPORTS = {
 def __getattr__(name):
     # start-up: lazy, so `tpu-pipeline generate` (the two LM runtimes: no torch) and --help stay fast
     if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        with quieted():  # importing litert-torch prints the libraries' chatter (tpu_pipeline/library_noise.py)
+            return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
     raise AttributeError(name)
 
 

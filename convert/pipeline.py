@@ -52,6 +52,8 @@ from tpu_pipeline.convert.tflite_info import inspect_model, module_path
 from tpu_pipeline.convert.tool_output import first_line
 from tpu_pipeline.convert.verdict import checks, int8_ranges, layer_errors, output_kinds, task_score
 from tpu_pipeline.errors import ConversionError, PipelineError, UserError
+from tpu_pipeline.library_noise import quieted
+from tpu_pipeline.progress import reporter
 
 def model_kind(model_path: Path) -> type[ModelKind]:
     """The first registered kind (kinds.MODEL_KINDS, in detection_order) whose detect() holds.
@@ -89,16 +91,20 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {first_line(e)}"
 
 
+@quieted()
 @typed_errors
 def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, sample_args: Any = None, *,
             targets: str | Sequence[str] = "all", out: str | Path | None = None, calibration: Any = None,
-            progress: Progress | None = None, **options: Any) -> ConvertResult:
+            progress: Progress | bool | None = None, **options: Any) -> ConvertResult:
     """Converts `model` to a checked LiteRT artifact per target.
 
     model: an nn.Module (with `sample_args`, a tensor or a tuple of tensors, unless it has
     `example_inputs()`), a torch.export ExportedProgram, or a path (what the CLI takes).
     targets: "all", "android,web" or ["android", "web"]. out: output folder (default
     dist/<model name>/). calibration: an .npz path or rows of sample inputs for static int8.
+    progress: None logs a line a step on the `tpu_pipeline.convert` logger (printed to stderr
+    unless logging is set up; tpu_pipeline/progress.py), False prints nothing, a callable gets
+    each line. The libraries' own chatter is kept out while it runs (tpu_pipeline/library_noise.py).
     options: any other ConvertOptions field (samples=, atol=, min_cosine=, latency=, ...).
 
     Returns a ConvertResult; a failed target does not raise (see `result.passed`,
@@ -118,7 +124,7 @@ def convert(model: str | Path | torch.nn.Module | torch.export.ExportedProgram, 
     o = ConvertOptions(**{**options, "targets": targets if isinstance(targets, str) else ",".join(targets),
                           "out": out if out is not None else options.get("out"),
                           "calib": calibration if calibration is not None else options.get("calib")})
-    say = progress or (lambda _msg: None)
+    say = reporter(progress, __name__.rpartition(".")[0])
     t0 = time.perf_counter()
     if o.samples is not None and o.samples < 1:
         raise UserError("--samples must be at least 1")

@@ -14,6 +14,7 @@ import tpu_pipeline
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.files import atomic_write_json
 from tpu_pipeline.kernels import use_kernels
+from tpu_pipeline.library_noise import quieted
 from tpu_pipeline.metrics import MetricsWriter
 from tpu_pipeline.rl import algo, dapo
 from tpu_pipeline.rl.accel import compute_dtype
@@ -129,6 +130,7 @@ def _policy_and_optimizer(cfg: RLConfig, platform, log):
     return model, tok, opt, info, adapted
 
 
+@quieted()  # the libraries' chatter off while it runs (tpu_pipeline/library_noise.py)
 def run(recipe: str = "grpo_math", out: str | Path | None = None, *, engine: str = "local", steps: int | None = None,
         time_budget_s: float | None = None, seed: int | None = None, data: str | None = None,
         reward: str | None = None, kernels: str | None = None, device: str | None = None,
@@ -249,6 +251,7 @@ def _unseen_by_warm_start(cfg: RLConfig, eng, source, before: dict) -> dict | No
             "distinct_prompts": len({p.prompt for p in problems})}
 
 
+@quieted()  # the libraries' chatter off while it runs (tpu_pipeline/library_noise.py)
 def evaluate_policy(recipe: str, policy: str | Path, *, seed: int | None = None, n: int | None = None,
                     k: int | None = None, data: str | None = None, device: str | None = None) -> dict:
     """Accuracy of any policy folder on held-out problems (or fresh ones for `seed`)."""

@@ -16,6 +16,7 @@ import tpu_pipeline
 from tpu_pipeline.checkpoint import Checkpointer
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.kernels import use_kernels
+from tpu_pipeline.library_noise import quieted
 from tpu_pipeline.recipes import find_recipe
 from tpu_pipeline.train import distributed
 from tpu_pipeline.train.loop import train
@@ -42,6 +43,7 @@ def default_out(name: str) -> Path:
     return Path("runs") / "train" / name
 
 
+@quieted()  # the libraries' chatter off while it runs (tpu_pipeline/library_noise.py)
 def run(recipe: str, out: str | Path | None = None, *, device: str = "auto", steps: int | None = None,
         compile: bool | None = None, inductor_pallas: bool = False, kernels: str = "auto", resume: bool = False,
         seed: int | None = None, nproc: int = 1, overrides: dict[str, Any] | None = None,

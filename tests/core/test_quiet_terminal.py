@@ -1,4 +1,4 @@
-"""A quiet terminal (tpu_pipeline/cli/quiet.py): the libraries' chatter only with --debug."""
+"""A quiet terminal and notebook (tpu_pipeline/library_noise.py): the libraries' chatter only with --debug."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tpu_pipeline.cli.quiet import _pump
+from tpu_pipeline.library_noise import _pump
 
-# What `convert` printed before quiet.py, on any host: absl's notice from litert-torch's native
+# What `convert` printed before library_noise.py, on any host: absl's notice from litert-torch's native
 # import, torch's deprecation for torchao's enums, TFLite's delegate line at the first parity run.
 LIBRARY_LINES = ("absl::InitializeLog() is called", "Calling register_constant() on Enum subclasses",
                  "Created TensorFlow Lite XNNPACK delegate")
@@ -88,10 +88,37 @@ def test_convert_prints_only_its_own_lines_and_debug_shows_the_rest(tiny_pt2, tm
     quiet_run = convert(tiny_pt2, tmp_path / "quiet")
     assert quiet_run.returncode == 0, quiet_run.stderr
     assert "export: torch -> float32 .tflite" in quiet_run.stderr  # the tool's own progress stays
-    for line in LIBRARY_LINES + HOST_LINES:
+    for line in LIBRARY_LINES + HOST_LINES + ("FutureWarning",):  # torch's LeafSpec warning loading a .pt2
         assert line not in quiet_run.stderr, quiet_run.stderr
     debug_run = convert(tiny_pt2, tmp_path / "debug", "--debug")
     assert debug_run.returncode == 0, debug_run.stderr
     # the libraries still print these (else the filter above proves nothing); --debug shows them
     for line in LIBRARY_LINES:
         assert line in debug_run.stderr, debug_run.stderr
+
+
+API_SCRIPT = """
+import sys, torch
+import tpu_pipeline.convert as tc
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 3)).eval()
+progress = {"none": None, "off": False}[sys.argv[2]]
+r = tc.convert(net, (torch.randn(1, 3, 8, 8),), targets="desktop", out=sys.argv[1], samples=4, latency=False,
+               progress=progress)
+print("passed", r.passed)
+"""
+
+
+@pytest.mark.slow
+def test_the_python_api_prints_only_the_tools_own_lines_in_a_fresh_interpreter(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TPU_PIPELINE_DEBUG"}
+    runs = {p: subprocess.run([sys.executable, "-c", API_SCRIPT, str(tmp_path / p), p], capture_output=True,
+                              text=True, env=env, timeout=600) for p in ("none", "off")}
+    for run in runs.values():
+        assert run.returncode == 0 and run.stdout == "passed True\n", (run.stdout, run.stderr)
+    # progress=None: a line a step through the tpu_pipeline logger's own handler ("  " + the step), nothing else
+    lines = runs["none"].stderr.splitlines()
+    assert "  export: torch -> float32 .tflite (litert-torch, traced once)" in lines, lines
+    assert "  write: artifacts, model.json, report.json, report.html" in lines, lines
+    assert all(line.startswith("  ") and not line.startswith("   ") for line in lines), lines
+    assert runs["off"].stderr == ""  # progress=False: silent

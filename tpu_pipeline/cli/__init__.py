@@ -20,8 +20,8 @@ import click
 
 from tpu_pipeline import __version__
 from tpu_pipeline.cli.commands import COMMANDS, EXIT_CODES_HELP
-from tpu_pipeline.cli.quiet import quiet
 from tpu_pipeline.errors import EXIT_FAILURE, PipelineError
+from tpu_pipeline.library_noise import quiet_process
 
 
 class PipelineGroup(click.Group):
@@ -65,17 +65,18 @@ def cli(debug: bool) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = argv if argv is not None else sys.argv[1:]
     if not (os.environ.get("TPU_PIPELINE_DEBUG") == "1" or "--debug" in args):
-        quiet()  # the libraries' own warnings only with --debug (quiet.py says which and why)
+        quiet_process()  # the libraries' own chatter only with --debug (library_noise.py says which and why)
     else:
+        os.environ["TPU_PIPELINE_DEBUG"] = "1"  # --debug: the library calls and child processes show everything too
         # and the tool's own debug lines: the page server's dropped connections, child processes
         logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
         logging.getLogger("tpu_pipeline").setLevel(logging.DEBUG)
     cli.main(args=args, prog_name="tpu-pipeline")
 
 
-# Every module of this package but the registry and quiet is a command module: importing it registers it.
+# Every module of this package but the registry is a command module: importing it registers it.
 for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in ("commands", "quiet"):
+    if _module.name != "commands":
         importlib.import_module(f"{__name__}.{_module.name}")
 for _entry in COMMANDS.entries():
     cli.add_command(_entry.obj, _entry.name)
