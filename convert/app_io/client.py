@@ -22,6 +22,7 @@ from tpu_pipeline.convert.tflite_info import ModelInfo
 from tpu_pipeline.convert.verdict.task_score import TaskScore
 from tpu_pipeline.errors import ConversionError
 
+CLIPPED_HINT = 0.01  # share of image values beyond 0..255 as pixels that names --image mean/std in a failure
 MIN_AGREEMENT = 0.98  # top-1 agreement with ai-edge-litert on the same raw rows (near-tie rows may flip)
 TASKS = {"image": "ImageClassifier", "audio": "AudioClassifier", "text": "TextClassifier"}
 CLIENT = "MediaPipe Tasks 1.2.2 (Python; the C++ task graphs Android and iOS run)"
@@ -31,9 +32,9 @@ def _raw(app: AppIO, rows: list[list[np.ndarray]]) -> tuple[str, dict, list[list
     """(task, the raw data as the worker takes it, the model input each raw row becomes by the
     metadata, notes): an app hands over 8-bit pixels, so an image row is rounded to them first."""
     if app.image is not None:
-        pix, errs = zip(*(to_pixels(r[0], app.image) for r in rows))
+        pix, clipped = zip(*(to_pixels(r[0], app.image) for r in rows))
         return ("image", {"pixels": np.stack(pix)}, [[from_pixels(p, app.image)] for p in pix],
-                {"pixel_rounding_max_abs": float(max(errs))})
+                {"pixels_clipped_share": float(np.mean(clipped))})
     if app.audio is not None:
         return "audio", {"waveforms": np.stack([r[0][0] for r in rows]).astype(np.float32)}, rows, {}
     vocab = read_vocab(app.text)
@@ -77,7 +78,11 @@ def check(model: bytes, info: ModelInfo, app: AppIO, rows: list[list[np.ndarray]
     if task is not None:
         t = out["task_score"] = task.judge([scores], max_drop, f"{CLIENT} {TASKS[kind]}", bound_from)
         if not t["passed"]:
-            reasons.append(f"through MediaPipe {TASKS[kind]}: {t['reason']}")
+            clipped = notes.get("pixels_clipped_share", 0.0)
+            hint = (f" ({clipped:.1%} of the rows' values fall outside 0..255 as pixels by --image mean "
+                    f"{list(app.image.mean)} std {list(app.image.std)}: are those the model's?)" if clipped > CLIPPED_HINT
+                    else "")
+            reasons.append(f"through MediaPipe {TASKS[kind]}: {t['reason']}{hint}")
     out["passed"] = not reasons
     if reasons:
         out["reason"] = reasons[0]

@@ -71,7 +71,8 @@ def app_json(app: AppIO, info, written: dict | None) -> dict:
     """model.json's `app`: what the app hands over and how it becomes the input, the labels, the
     MediaPipe task, and the metadata as MediaPipe read it back (info: the artifact's ModelInfo)."""
     t = info.inputs[0] if info else None
-    out: dict = {"task": app.task, "labels": list(app.labels.names) if app.labels else None,
+    out: dict = {"task": app.task if written else None,  # iot: TFLM reads no metadata, no MediaPipe task
+                 "labels": list(app.labels.names) if app.labels else None,
                  "labels_from": app.labels.source if app.labels else None}
     if app.image is not None:
         img = app.image
