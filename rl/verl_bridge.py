@@ -58,6 +58,8 @@ from tpu_pipeline.rl.policy import home, warm_start, warm_start_key, warm_start_
 from tpu_pipeline.rl.recipe import RESUME_HINT, RLConfig, fingerprint, to_dict
 from tpu_pipeline.rl.rewards import reward_location
 from tpu_pipeline.rl.verl_cpu_platform import ENV as CPU_ENV
+from tpu_pipeline.rl.verl_cluster import check_address, check_fit, choose_device, connect, read_cluster, refusal
+from tpu_pipeline.rl.verl_job import ClusterJob
 from tpu_pipeline.rl.verl_launch import FaultWatch, TrainerError, diagnose, supervise
 from tpu_pipeline.rl.verl_outputs import BudgetWatch, MetricsFollower, finish, has_chat_template
 from tpu_pipeline.schedule import lr_factor
@@ -314,9 +316,12 @@ def _set(ov: list[str], key: str, value) -> None:
 FP32_FSDP = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"  # FSDP MixedPrecision, all float32
 
 
-def cpu_overrides(cfg: RLConfig, ov: list[str], *, out: Path, ray_tmp: str | None) -> list[str]:
+def cpu_overrides(cfg: RLConfig, ov: list[str], *, out: Path, ray_tmp: str | None, cluster: bool = False) -> list[str]:
     """The overrides VeRL needs to run on CPU (DESIGN: "VeRL's real Ray trainer runs GRPO on
-    this CPU box"), applied over the recipe's; each says why."""
+    this CPU box"), applied over the recipe's; each says why. cluster: a job on a running Ray
+    cluster, where ray.init takes no resources ("When connecting to an existing cluster, num_cpus
+    and num_gpus must not be provided") and the job's runtime_env carries the environment
+    (tpu_pipeline.rl.verl_job)."""
     ov = list(ov)
     n = cfg.verl.n_gpus_per_node
     for key, value in (
@@ -359,14 +364,17 @@ def cpu_overrides(cfg: RLConfig, ov: list[str], *, out: Path, ray_tmp: str | Non
         ("trainer.save_freq", save_freq(cfg, max(cfg.trainer.steps, 1))),
         ("actor_rollout_ref.actor.checkpoint.save_contents", "[model,optimizer,extra,hf_model]"),
     ):
-        _set(ov, key, value)
+        if not (cluster and key.lstrip("+").startswith("ray_kwargs.ray_init.")):
+            _set(ov, key, value)
+    if cluster:
+        return ov
     if ray_tmp:
         _set(ov, "+ray_kwargs.ray_init._temp_dir", ray_tmp)  # this run's own Ray session folder
     threads = worker_threads(cfg, local_cluster=ray_tmp is not None)
     if threads:  # quoted: Ray's runtime_env wants a string
         _set(ov, "+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS", f"'{threads}'")
     for k, v in {**CPU_ENV, "VERL_FILE_LOGGER_PATH": str(out / "verl" / "metrics.jsonl")}.items():
-        # for a cluster (--ray-address) the workers do not inherit this process's environment
+        # Ray's workers take what the runtime_env names (a job on a cluster: its own runtime_env, verl_job)
         _set(ov, f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}", v)
     return ov
 
@@ -454,9 +462,11 @@ def resume_point(cfg: RLConfig, out: Path) -> Path:
 def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, log: Callable[[str], None],
            resume: bool = False) -> dict:
     """Runs VeRL's Ray trainer on `cfg` (or composes its config only: dry_run). resume: continue
-    DIR's VeRL run from its newest checkpoint (resume_point)."""
+    DIR's VeRL run from its newest checkpoint (resume_point). ray_address: a job on that running
+    cluster (tpu_pipeline.rl.verl_cluster), which decides the device."""
     if resume and dry_run:
         raise UserError("--resume and --dry-run: a dry run starts nothing to continue; pass one of them")
+    address = check_address(ray_address) if ray_address else None
     resume_from = resume_point(cfg, out) if resume else None
     if not dry_run and not resume:  # a run's checkpoints and figures are never overwritten
         if (out / "verl" / "checkpoints").exists():
@@ -464,36 +474,49 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
         if (out / "metrics.jsonl").exists():
             who = "a VeRL run that saved no checkpoint" if (out / "verl").is_dir() else "a run of the local engine"
             raise UserError(f"{out} already holds {who}; choose another --out")
-    accel = accelerator_here()
-    if cfg.trainer.device in ("cuda", "tpu", "npu"):
-        device = cfg.trainer.device
-    else:
-        device = accel or "cpu"
     refuse_unexpressible(cfg)
+    client = cluster = None
+    if address and not dry_run:  # before anything is written: the cluster answers, takes the token, fits
+        client = connect(address)
+        cluster = read_cluster(address)
+        device = choose_device(cluster, cfg.trainer.device)
+        check_fit(cluster, device, cfg.verl.nnodes, cfg.verl.n_gpus_per_node)
+        log(f"Ray cluster at {address}: {cluster.describe()}; training on {device}")
+    elif cfg.trainer.device in ("cuda", "tpu", "npu"):
+        device = cfg.trainer.device
+    elif address:  # a dry run reads no cluster: composed for a CPU one (a submission asks the cluster)
+        device = "cpu"
+    else:
+        device = accelerator_here() or "cpu"
     python = trainer_python() if device == "cpu" else sys.executable
-    if device == "cpu" and not ray_address and not dry_run:
+    if device == "cpu" and not address and not dry_run:
         missing = cpu_backend_missing(python)
         if missing:
             raise UserError(f"--engine verl on CPU: {missing} for {python}; install the verl-cpu extra "
                             "(`make install` builds .venv-verl), pass --ray-address for a cluster, "
                             "or run the local engine (--engine local)")
     # the local cluster's own folder (its Ray session, TMPDIR for its processes): removed on every way out
-    ray_tmp = None if (ray_address or dry_run or device != "cpu") else tempfile.mkdtemp(prefix="tpray-")
+    ray_tmp = None if (address or dry_run or device != "cpu") else tempfile.mkdtemp(prefix="tpray-")
     try:
         ov, policy_path = prepare(cfg, out, log=log, device=device, dry_run=dry_run)
         if device == "cpu":
-            ov = cpu_overrides(cfg, ov, out=out.resolve(), ray_tmp=ray_tmp)
+            ov = cpu_overrides(cfg, ov, out=out.resolve(), ray_tmp=ray_tmp, cluster=address is not None)
         if resume_from is not None:
             _set(ov, "trainer.resume_mode", "resume_path")
             _set(ov, "trainer.resume_from_path", str(resume_from.resolve()))
         else:  # VeRL's default ("auto") would pick up a checkpoint folder's leftovers silently
             _set(ov, "trainer.resume_mode", "disable")
         prompt_note = _prompt_tokens(cfg, ov, Path(policy_path), out / "verl" / "train.parquet")
+        job = ClusterJob(address, cfg, out, device, cluster) if address else None
+        if job:
+            for key, value in job.relocations(Path(policy_path)).items():
+                _set(ov, key, value)
         composed = compose(ov)
         yaml = OmegaConf.to_yaml(composed)
         atomic_write_text(out / "verl" / "ppo_trainer.yaml", yaml)
-        cmd = command(ov, ray_address, python)
-        result = {"engine": "verl", "command": shlex.join(cmd), "config": str(out / "verl" / "ppo_trainer.yaml"),
+        cmd = None if job else command(ov, None, python)
+        result = {"engine": "verl", "command": job.command(ov) if job else shlex.join(cmd),
+                  "config": str(out / "verl" / "ppo_trainer.yaml"),
                   "overrides": ov, "policy": str(policy_path), "dry_run": dry_run, "device": device,
                   "departures": departures(cfg) + ([prompt_note] if prompt_note else [])}
         if dry_run:
@@ -509,8 +532,6 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
             env.update(CPU_ENV, VERL_FILE_LOGGER_PATH=str((out / "verl" / "metrics.jsonl").resolve()),
                        PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0", **LOCAL_RAY_ENV)
             env.pop("CUDA_VISIBLE_DEVICES", None)
-        if ray_address:
-            env["RAY_ADDRESS"] = ray_address
         if ray_tmp:  # vLLM's ZMQ sockets and file-store records, VeRL's checkpoint locks (DESIGN.md)
             Path(ray_tmp, "tmp").mkdir()
             env["TMPDIR"] = str(Path(ray_tmp, "tmp"))
@@ -532,10 +553,16 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
             log(f"resuming from {resume_from} (step {done})")
         log(f"launching VeRL ({device}): {result['command']}\n  its log: {log_path}")
         t0 = time.time()
+        stop_when = lambda: fault() or (budget() if budget else None)  # noqa: E731
         try:
-            # cwd: hydra writes its outputs/ folder there, beside the trainer's log
-            outcome = supervise(cmd, env, log_path, cwd=(out / "verl").resolve(), on_poll=follower.poll,
-                                stop_when=lambda: fault() or (budget() if budget else None))
+            if job:
+                outcome = job.run(client, ov, Path(policy_path), log=log, log_path=log_path, on_poll=follower.poll,
+                                  stop_when=stop_when)
+                result.update(job.facts)
+            else:
+                # cwd: hydra writes its outputs/ folder there, beside the trainer's log
+                outcome = supervise(cmd, env, log_path, cwd=(out / "verl").resolve(), on_poll=follower.poll,
+                                    stop_when=stop_when)
         finally:
             follower.close()
         result.update(returncode=outcome.returncode, trainer_seconds=round(outcome.seconds, 2),
@@ -549,11 +576,18 @@ def launch(cfg: RLConfig, out: Path, *, dry_run: bool, ray_address: str | None, 
                                  f"{follower.rows[-1]['step']} ({follower.elapsed:.1f} s of steps)")
             log(f"{result['stopped']}: VeRL's trainer stopped at that step's checkpoint")
         elif outcome.returncode != 0 or outcome.stopped:
+            refused = refusal(log_path) if job else None
+            if refused:
+                raise UserError(f"--ray-address {address}: {refused}")
             last = _last_checkpoint(ckpts)
             keep = f"; last good checkpoint: {last}" if last else "; no checkpoint was saved"
             raise TrainerError(f"--engine verl: {outcome.stopped or diagnose(log_path)}{keep}; log: {log_path}")
-        return finish(cfg, out, result, policy_path=Path(policy_path), checkpoint=_last_checkpoint(ckpts),
-                      started=t0, log=log)
+        evals = finish(cfg, out, result, policy_path=Path(policy_path), checkpoint=_last_checkpoint(ckpts),
+                       started=t0, log=log)
+        if job:
+            evals.update(job.facts)
+            atomic_write_json(out / "eval.json", evals)
+        return evals
     finally:
         if ray_tmp:
             shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -10,8 +10,11 @@ installed file is edited):
   selects it with `VERL_PLATFORM=cpu` (see `ENV`). It is never auto-detected:
   `is_platform_available` says yes only when VERL_PLATFORM=cpu asks for it.
 - Ray counts only GPU/NPU resources in VeRL's ResourcePoolManager, so the
-  platform's Ray resource is "GPU", and the launcher starts Ray with fake GPUs
-  (one per trainer process; nothing ever touches CUDA).
+  platform's Ray resource is "GPU", and the local launch starts Ray with fake GPUs
+  (one per trainer process; nothing ever touches CUDA). A job on a running CPU
+  cluster (`--ray-address`, whose nodes were started plainly, without GPUs) sets
+  CLUSTER_SLOT_ENV instead: the resource is "CPU", each trainer process holds CPU
+  (wrapper 5).
 - `device_module` is `CPU_DEVICE`: the torch.cuda-like calls VeRL makes
   (empty_cache, mem_get_info, rng state, ...), answered for the CPU. Every
   call is recorded in `CALLED` (the hook list the TPU platform is held to).
@@ -38,6 +41,11 @@ moves one fails a test, not a user:
    into the run's own temporary folder: the receiver in CpuWorkerExtension, the
    sender in `tpu_pipeline.rl.verl_cpu_vllm.CpuServerAdapter`, registered in
    VeRL's rollout registry in place of its vLLM ServerAdapter.
+5. CPU slots on a cluster without GPUs (CLUSTER_SLOT_ENV): VeRL's placement groups take the
+   platform's resource name, but `ResourcePoolManager._check_resource_available` counts
+   GPU/NPU by name (wrapped to count CPUs), and the vLLM server launch reads each trainer
+   worker's `get_accelerator_ids()[resource][0]` for CUDA_VISIBLE_DEVICES (Ray lists only
+   accelerators there: the wrapper adds "CPU": ["0"], a visible-device string the CPU ignores).
 """
 
 from __future__ import annotations
@@ -63,6 +71,16 @@ ENV = {
     "VLLM_TARGET_DEVICE": "cpu",
 }
 
+# A job on a running CPU cluster: VeRL's trainer processes hold CPUs, not fake GPUs (wrapper 5).
+SLOT_VAR = "TPU_PIPELINE_CPU_SLOT"
+CLUSTER_SLOT_ENV = {SLOT_VAR: "CPU"}
+
+
+def slot_resource() -> str:
+    """The Ray resource each VeRL trainer process holds: "CPU" on a CPU cluster, else fake "GPU"s."""
+    return "CPU" if os.environ.get(SLOT_VAR, "").strip().upper() == "CPU" else "GPU"
+
+
 # The VeRL internals this module wraps or relies on, "module:attribute" (tested to exist).
 WRAPPED = (
     "verl.utils.distributed:initialize_global_process_group_ray",
@@ -71,6 +89,8 @@ WRAPPED = (
     "verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension._iter_all_models_with_config",
     "verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension._get_zmq_handle",
     "verl.workers.rollout.base:_ROLLOUT_REGISTRY",
+    "verl.single_controller.ray.base:ResourcePoolManager._check_resource_available",
+    "ray.runtime_context:RuntimeContext.get_accelerator_ids",
     # VeRL's last update step, which the weight sync replaces while an update runs
     "vllm.model_executor.model_loader.utils:process_weights_after_loading",
     "vllm.model_executor.model_loader.reload:initialize_layerwise_reload",
@@ -239,7 +259,13 @@ def _platform_class():
             return
 
         def ray_resource_name(self) -> str:
-            return "GPU"  # VeRL's ResourcePoolManager counts only GPU/NPU: the launcher declares fake GPUs
+            # VeRL's ResourcePoolManager counts only GPU/NPU: the local launch declares fake GPUs; a CPU
+            # cluster's nodes offer CPUs (wrapper 5)
+            return slot_resource()
+
+        def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
+            # Ray takes CPUs as num_cpus, never in `resources`
+            return {"num_cpus": num_gpus} if slot_resource() == "CPU" else {"num_gpus": num_gpus}
 
         def ray_noset_envvars(self) -> list[str]:
             return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
@@ -288,6 +314,39 @@ def _gloo_process_group(init):
     return wrapped
 
 
+def _count_cpu_slots(check):
+    """Wrapper 5: VeRL's resource check, counting CPUs when the trainer's slots are CPUs."""
+
+    @functools.wraps(check)
+    def wrapped(self):
+        if slot_resource() != "CPU":
+            return check(self)
+        CALLED.add("wrap.check_resource_available")
+        import ray  # heavy: only VeRL's processes call this
+
+        free = sum(n.get("CPU", 0) for n in ray._private.state.available_resources_per_node().values())
+        need = sum(n for nodes in self.resource_pool_spec.values() for n in nodes)
+        if free < need:
+            raise ValueError(f"Total available CPUs {free} is less than the {need} VeRL's trainer processes hold")
+
+    wrapped.__tpu_pipeline_wrapped__ = True
+    return wrapped
+
+
+def _cpu_accelerator_ids(get_ids):
+    """Wrapper 5: each worker's accelerator ids with a CPU entry, as VeRL's vLLM launch reads them."""
+
+    @functools.wraps(get_ids)
+    def wrapped(self):
+        ids = get_ids(self)
+        if slot_resource() == "CPU":
+            ids.setdefault("CPU", ["0"])
+        return ids
+
+    wrapped.__tpu_pipeline_wrapped__ = True
+    return wrapped
+
+
 _registered = None
 
 
@@ -304,6 +363,15 @@ def register():
         if not getattr(vdist.initialize_global_process_group_ray, "__tpu_pipeline_wrapped__", False):
             vdist.initialize_global_process_group_ray = _gloo_process_group(vdist.initialize_global_process_group_ray)
         rollout_base._ROLLOUT_REGISTRY[VLLM_ROLLOUT_KEY] = CPU_ROLLOUT
+        if slot_resource() == "CPU":
+            from ray.runtime_context import RuntimeContext
+            from verl.single_controller.ray.base import ResourcePoolManager
+
+            if not getattr(ResourcePoolManager._check_resource_available, "__tpu_pipeline_wrapped__", False):
+                ResourcePoolManager._check_resource_available = _count_cpu_slots(
+                    ResourcePoolManager._check_resource_available)
+            if not getattr(RuntimeContext.get_accelerator_ids, "__tpu_pipeline_wrapped__", False):
+                RuntimeContext.get_accelerator_ids = _cpu_accelerator_ids(RuntimeContext.get_accelerator_ids)
     return _registered
 
 

@@ -142,6 +142,8 @@ def test_the_weight_socket_moves_into_the_runs_own_temporary_folder(private_tmp)
 # Hooks the CPU plugin overrides that the TPU platform leaves to PlatformBase, each with why.
 TPU_INHERITS = {
     "rollout_env_vars": "PlatformBase's {}: vLLM's TPU backend selects itself (not verified on TPU hardware)",
+    # the CPU platform overrides it for a CPU cluster's slots (Ray takes CPUs as num_cpus only)
+    "ray_resource_options": "PlatformBase's {'resources': {'TPU': n}}: TPU is a Ray resource by that name",
 }
 
 

@@ -90,12 +90,26 @@ def test_ray_address_makes_a_ray_job_submit(tmp_path, tiny_policy):
                            + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
     assert r.exit_code == 0, r.output
     res = json.loads(r.output[r.output.index('{\n  "engine"'):])
-    assert res["command"].split()[0].endswith("ray")
-    assert " job submit --address http://head:8265 -- python -m verl.trainer.main_ppo" in res["command"]
-    c = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in res["overrides"]}
-    # a cluster's workers do not inherit this process's environment: the CPU plugin goes in runtime_env
-    assert c["+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"] == \
-        "tpu_pipeline.rl.verl_cpu_platform"
+    assert res["command"].startswith("ray job submit --address http://head:8265 --submission-id tpu-pipeline-")
+    assert res["command"].endswith(" -- sh run.sh")  # run.sh finds the head's own Ray interpreter
+    c = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in res["overrides"]}
+    # a running cluster takes no resources from ray.init (Ray refuses num_cpus/num_gpus there)...
+    assert not [k for k in c if k.startswith("ray_kwargs.ray_init.")]
+    # ...and the job carries its data and policy: named relative to the job's working_dir
+    assert c["data.train_files"] == "train.parquet" and c["actor_rollout_ref.model.path"] == "policy"
+    # the CPU plugin reaches the workers through the job's runtime_env, shown in the command
+    env = json.loads(res["command"].split("--runtime-env-json ", 1)[1].split(" -- ")[0].strip("'"))["env_vars"]
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "tpu_pipeline.rl.verl_cpu_platform"
+    assert env["TPU_PIPELINE_CPU_SLOT"] == "CPU"  # VeRL's pools hold CPUs, not fake GPUs
+
+
+@pytest.mark.parametrize("address, words", [("127.0.0.1:6379", "a GCS address (HEAD:6379) is not taken"),
+                                            ("ray://head:10001", "a Ray Client address (ray://) is not taken")])
+def test_ray_address_other_than_the_job_api_is_refused_exit_2(tmp_path, tiny_policy, address, words):
+    r = CliRunner().invoke(cli, ["rl", "--engine", "verl", "--ray-address", address, "--policy", str(tiny_policy),
+                                 "--out", str(tmp_path / "v"), "--steps", "1"])
+    assert r.exit_code == 2 and words in r.output and "http://HEAD:8265" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "v").exists()
 
 
 def test_cpu_overrides_compose_and_name_the_plugin(dry):

@@ -134,8 +134,9 @@ def test_unreachable_ray_cluster_is_one_line_exit_6(tmp_path, tiny_policy, monke
                            + [x for k, v in SMALL.items() for x in ("--set", f"{k}={v}")])
     assert r.exit_code == EXIT_TRAINER, r.output
     last = r.output.strip().splitlines()[-1]
-    assert last.startswith("Error: --engine verl: Ray could not start") and "no checkpoint was saved" in last
+    assert last.startswith("Error: --engine verl: no Ray cluster answers at http://127.0.0.1:9"), last
     assert "Traceback" not in r.output and _marked_processes(tag) == []
+    assert not out.exists()  # refused before anything was written
 
 
 # Lines of real failed launches on this box (ANSI colours removed), each beside lines that must not decide.

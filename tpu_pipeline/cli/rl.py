@@ -38,15 +38,23 @@ def _override(ctx, param, values):
 @click.option("--resume", is_flag=True, help="Continue DIR from its latest step checkpoint.")
 @click.option("--dry-run", is_flag=True, help="With --engine verl: print the command and composed config only.")
 @click.option("--ray-address", default=None, envvar="RAY_ADDRESS",
-              help="With --engine verl: submit to this Ray cluster (ray job submit).")
+              help="With --engine verl: submit a job to this running Ray cluster's job API, http://HEAD:8265 "
+                   "(its token from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; docs/rl.md).")
+@click.option("--nnodes", type=int, default=None, help="With --engine verl: nodes VeRL's trainer spans (verl.nnodes).")
+@click.option("--gpus-per-node", "gpus_per_node", type=int, default=None,
+              help="With --engine verl: trainer processes per node, one per GPU/TPU (on a CPU cluster: one per CPU "
+                   "slot) (verl.n_gpus_per_node).")
 @click.option("--set", "overrides", multiple=True, callback=_override, help="Recipe override key=value (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def command(recipe, out, steps, time_budget, engine, data, reward, policy, lora_rank, seed, device, kernels, resume,
-            dry_run, ray_address, overrides, as_json):
+            dry_run, ray_address, nnodes, gpus_per_node, overrides, as_json):
     """Improve a policy with a GRPO recipe (VeRL's algorithms)."""
     # CLI start-up time: tpu_pipeline.rl imports torch, the kernels and train
     from tpu_pipeline.rl import run
 
+    for key, value in (("verl.nnodes", nnodes), ("verl.n_gpus_per_node", gpus_per_node)):
+        if value is not None:
+            overrides[key] = value
     res = run(recipe, out, engine=engine, steps=steps, time_budget_s=time_budget, seed=seed, data=data,
               reward=reward, kernels=kernels, device=device, policy=policy, resume=resume, overrides=overrides,
               dry_run=dry_run, ray_address=ray_address, lora_rank=lora_rank, progress=sys.stderr.isatty() and not as_json)
