@@ -28,6 +28,7 @@ LONG_FILES = (
     "tests/convert/test_convert_under_load_on_cpu.py",  # conversions and browser sessions beside busy processes
     "tests/core/test_tpu_contract_on_cpu.py",  # the real torch-tpu, in .venv-tpu's children
     "tests/rl/test_resume_on_cpu.py",
+    "tests/convert/test_app_io_on_cpu.py",  # five conversions, each target through MediaPipe Tasks' children
     "tests/train/test_resume_on_cpu.py",
 )
 
