@@ -140,3 +140,17 @@ docs: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) $(TPU_VENV) dist build site *.egg-info $(WEB)/node_modules
+
+# ExecuTorch, the peer bench/vs_executorch.py measures against (issue 40): its own venv, never part of
+# `make test`. executorch 1.5.1 pins its own torchao; torch is named in the same pip command so pip takes
+# the CPU torch 2.13.0 .venv uses (the same state dicts load in both). `make bench-executorch` runs the bench.
+ET_VENV := .venv-executorch
+ET_STAMP := $(ET_VENV)/.installed
+$(ET_STAMP):
+	test -x $(ET_VENV)/bin/python || $(PY) -m venv $(ET_VENV)
+	$(ET_VENV)/bin/python -m pip install -q --upgrade pip
+	$(ET_VENV)/bin/python -m pip install -q torch==2.13.0 executorch==1.5.1
+	touch $(ET_STAMP)
+
+bench-executorch: $(STAMP) $(ET_STAMP)
+	$(BIN)/python bench/vs_executorch.py

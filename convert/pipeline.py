@@ -41,11 +41,12 @@ from tpu_pipeline.convert.npu import check as npu_check
 from tpu_pipeline.convert.npu.ai_pack import write_ai_pack
 from tpu_pipeline.convert.npu.compile import soc_model_json
 from tpu_pipeline.convert.options import FLAGS, ConvertOptions
-from tpu_pipeline.convert.precision.quantize import RANGE_ESTIMATORS, quantize
+from tpu_pipeline.convert.precision.quantize import CALIBRATED, RANGE_ESTIMATORS, quantize
 from tpu_pipeline.convert.report import render_html
 from tpu_pipeline.convert.result import Artifact, ConvertResult, Parity, TargetResult
 from tpu_pipeline.convert.runtimes import browser, overlap
 from tpu_pipeline.convert.runtimes.litert import gpu_worker_ahead
+from tpu_pipeline.convert.runtimes.delegation import splits_more, xnnpack_plan
 from tpu_pipeline.convert.snippets import write_snippet
 from tpu_pipeline.convert.targets import TargetProfile, load_profiles, resolve_targets
 from tpu_pipeline.convert.tflite_info import inspect_model, module_path
@@ -340,6 +341,12 @@ class _Run:
     gate_timings: dict[str, float] = dataclasses.field(default_factory=dict)
     ranges: dict[str, dict] = dataclasses.field(default_factory=dict)  # variant key -> int8_ranges.clipping
 
+    plans: dict[str, dict] = dataclasses.field(default_factory=dict)  # variant key -> delegation.xnnpack_plan
+
+    def xnnpack(self, key: str, art: Artifact) -> dict:
+        if key not in self.plans:
+            self.plans[key] = xnnpack_plan(art.model)
+        return self.plans[key]
     def variant(self, precision: str, clock: _Clock) -> Artifact:
         if precision not in self.variants:
             if precision != "float32":
@@ -437,6 +444,8 @@ def _target(prof: TargetProfile, run: _Run, gate: Parity | None) -> TargetResult
                               "cosine": (t.parity or {}).get("cosine"), "errors": t.errors[:1],
                               **(t.parity or {}).get("lm_recipe", {}),
                               "chosen": t is winner} for t in tries]
+                              "xnnpack_partitions": (t.xnnpack or {}).get("partitions"),
+                              "ops_outside_xnnpack": (t.xnnpack or {}).get("left"),
         winner.chosen_because = why
         run.say(f"{prof.name}: {winner.quantization} ({why})")
     if not winner.passed and winner.failure == "parity":
@@ -613,6 +622,8 @@ def _attempt(prof: TargetProfile, precision: str, run: _Run, keep_float: tuple[s
         art = r.artifact = run.variant(key, clock)
         r.info, r.size_bytes = inspect_model(art.model), len(art.model)
         run.say(f"{prof.name}: compatibility checks ({precision})")
+        if prof.runtime == "ai-edge-litert" and isinstance(run.model, ModuleKind):
+            _xnnpack(r, key, art, run)
         with clock("checks"):
             comp = checks.check(prof, art.model, r.info)
         r.compatibility = comp.to_json()
@@ -625,7 +636,7 @@ def _attempt(prof: TargetProfile, precision: str, run: _Run, keep_float: tuple[s
         r.runtime = par.runtime or r.runtime
         if not r.passed:
             r.fail("parity", *par.reasons)
-        if precision == "static_int8" and isinstance(run.model, ModuleKind):
+        if precision in CALIBRATED and isinstance(run.model, ModuleKind):
             with clock("int8_ranges"):
                 r.parity["int8_ranges"] = _clipping(run, key, art)
         if run.o.latency:
@@ -640,6 +651,22 @@ def _attempt(prof: TargetProfile, precision: str, run: _Run, keep_float: tuple[s
 
 
 def _clipping(run: _Run, key: str, art: Artifact) -> dict:
+def _xnnpack(r: TargetResult, key: str, art: Artifact, run: _Run) -> None:
+    """The phone's CPU plan of this variant (XNNPACK's partitions, the ops left to other kernels) on
+    r, with a warning when it splits the graph further than the float32 export; a plan that cannot be
+    read says why (it never decides a verdict)."""
+    try:
+        plan = run.xnnpack(key, art)
+        base = run.xnnpack("float32", run.float_model)
+    except Exception as e:  # noqa: BLE001 - the interpreter refusing the artifact: parity reports that
+        r.xnnpack = {"skipped": f"the XNNPACK plan could not be read: {_why(e)}"}
+        return
+    r.xnnpack = {k: v for k, v in plan.items() if k != "left_scopes"}
+    if key.split("+")[0] != "float32" and (split := splits_more(plan, base)):
+        r.xnnpack["splits_more_than_float32"] = split
+        r.warnings.append(f"{r.quantization}: {split}")
+
+
     """int8_ranges.clipping of this variant on the parity rows, once per variant; a check that cannot
     run says why (it never decides a verdict: parity does)."""
     if key not in run.ranges:

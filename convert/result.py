@@ -64,6 +64,7 @@ class TargetResult:
     kept_float: dict | None = None       # accuracy-aware rounds: layers kept in float32 and what it cost
     int8_repairs: dict | None = None     # accuracy-aware rounds: clipped int8 ranges, each repair tried and its cost
     buckets: list[dict] | None = None    # shape buckets (convert/shapes.py): each bucket's verdict, parity and latency
+    xnnpack: dict | None = None          # ai-edge-litert targets: XNNPACK's partitions and the ops left to other kernels
     npu: dict | None = None              # android-npu: per SoC, partition stats and the HTP simulator's parity (convert/npu/)
     npu_models: dict[str, bytes] = dataclasses.field(default_factory=dict)  # SoC -> its compiled .tflite
     layer_errors: dict | None = None     # per-layer error as a Model Explorer overlay (verdict/layer_errors.py):
@@ -111,7 +112,7 @@ class TargetResult:
                     "sha256": self.sha256, "app_snippet": self.app_snippet, "firmware": self.firmware,
                     "candidates": self.candidates, "chosen_because": self.chosen_because,
                     "kept_float": self.kept_float, "int8_repairs": self.int8_repairs, "buckets": self.buckets,
-                    "npu": self.npu, "layer_errors": _written(self.layer_errors)}
+                    "xnnpack": self.xnnpack, "npu": self.npu, "layer_errors": _written(self.layer_errors)}
         d.update({k: v for k, v in optional.items() if v is not None})
         return d
 

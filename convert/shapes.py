@@ -45,7 +45,7 @@ from tpu_pipeline.convert.module.loaders import LoadedModel, flatten_outputs
 from tpu_pipeline.convert.npu.ai_pack import write_ai_pack
 from tpu_pipeline.convert.npu.compile import soc_model_json
 from tpu_pipeline.convert.options import DEFAULT_SAMPLES, ConvertOptions
-from tpu_pipeline.convert.precision.quantize import quantize
+from tpu_pipeline.convert.precision.quantize import CALIBRATED, quantize
 from tpu_pipeline.convert.result import Artifact, ConvertResult, TargetResult
 from tpu_pipeline.convert.runtimes.browser import browser_unavailable
 from tpu_pipeline.convert.runtimes.measure import torch_threads
@@ -660,7 +660,7 @@ def _signature_artifact(prof: TargetProfile, precision: str, ok: list[_Bucketed]
             cache[fkey] = export_signatures([(x.bucket.name, x.kind.m) for x in ok], work / "signatures.tflite")
         float_model = cache[fkey]
         calib = None
-        if precision == "static_int8":
+        if precision in CALIBRATED:
             # each bucket's calibration rows, under its signature's input names
             calib = signature_calibration(float_model, {x.bucket.name: x.kind.calib for x in ok})
         cache[key] = quantize(float_model, precision, calib)

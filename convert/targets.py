@@ -20,7 +20,7 @@ from tpu_pipeline import config
 from tpu_pipeline.errors import UserError
 from tpu_pipeline.registry import Registry
 
-Precision = Literal["float32", "float16", "dynamic_int8", "static_int8"]
+Precision = Literal["float32", "float16", "dynamic_int8", "static_int8", "static_int8_float_io"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,8 @@ from tpu_pipeline.convert.module.max_pool import as_amax
 from tpu_pipeline.convert.module.recurrent import UNROLLED, as_fused
 from tpu_pipeline.convert.options import DEFAULT_SAMPLES, ConvertOptions
 from tpu_pipeline.convert.precision import tflm_int8
-from tpu_pipeline.convert.precision.quantize import quantize
+from tpu_pipeline.convert.precision.quantize import CALIBRATED, quantize
+from tpu_pipeline.convert.precision.xnnpack_int8 import whole_on_xnnpack
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
 from tpu_pipeline.convert.runtimes.browser import browser_unavailable, run_litertjs
 from tpu_pipeline.convert.runtimes.litert import LitertRunner, from_artifact, run_micro, to_artifact
@@ -50,12 +51,15 @@ from tpu_pipeline.errors import ConversionError, UserError
 from tpu_pipeline.user_code import load_function
 
 CALIB_RANDOM_SAMPLES = 16
+OPTIONAL_INT8 = "static_int8_float_io"  # a candidate beside others only with calibration rows given
+NO_CALIB_NOTE = (f"{OPTIONAL_INT8} not measured: no calibration rows (give --calib FILE.npz, calibration= or the "
+                 "manifest's calibration_inputs); float16 and dynamic int8 need none")
 REFERENCE_SAMPLES = 2
 LOCALIZE_SAMPLES = 4  # layer errors are averaged over these parity samples
 FLOAT16_DELEGATES = ("gpu", "coreml")  # delegates that compute activations in float16 on the phone
 FLOAT16_LOSSY = 1e-2  # relative error of a layer's float16 output that counts as losing precision
 LM_ONLY = "applies to Hugging Face causal-LM folders with tokenizer.json only"
-LSTM_INT8_NOTE = ("dynamic_int8: the fused LSTMs' gate weights in int8 (TFLite's hybrid LSTM kernel, "
+LSTM_INT8_NOTE = ("dynamic_int8, static_int8_float_io: the fused LSTMs' gate weights in int8 (TFLite's hybrid LSTM kernel, "
                   "module/lstm_weights.py): ai-edge-quantizer 0.10 leaves UNIDIRECTIONAL_SEQUENCE_LSTM float32")
 
 
@@ -221,6 +225,12 @@ class ModuleKind(ModelKind):
         precisions = list(profile.precisions) or [profile.precision]
         if self._unfused is not None and profile.browser_parity:
             return [p + UNROLLED for p in precisions]  # LiteRT.js loads no fused LSTM (docs/DESIGN.md)
+        if self.calib_data is None and len(precisions) > 1 and OPTIONAL_INT8 in precisions:
+            # int8 activations calibrated on random inputs say nothing of real data: a phone's static int8
+            # is measured only on rows the user gave (--calib, calibration=, the manifest's calibration_inputs)
+            precisions.remove(OPTIONAL_INT8)
+            if NO_CALIB_NOTE not in self.notes:
+                self.notes.append(NO_CALIB_NOTE)
         if self._unfused is not None and profile.runtime == "ai-edge-litert" and "dynamic_int8" not in precisions:
             # TFLite's float32 LSTM kernel runs 8 GEMV calls a step, as slow as its reference kernel and
             # slower than PyTorch eager on x86 for wide LSTMs; the hybrid one (int8 gate weights) ran 1.9x
@@ -231,7 +241,7 @@ class ModuleKind(ModelKind):
 
     def prepare(self, profiles: list[TargetProfile], float_model: Artifact, rng: np.random.Generator) -> list[str]:
         warnings = []
-        if any("static_int8" in self.candidates(p) for p in profiles):
+        if any(c in CALIBRATED for p in profiles for c in self.candidates(p)):
             if self.calib_data is None:
                 kinds = ", ".join(dict.fromkeys("random-normal floats" if a.is_floating_point() else
                                                 "random integers over the input's range (token ids: every row)"
@@ -255,7 +265,13 @@ class ModuleKind(ModelKind):
                 self.notes.append(lstm_int8.NOTE)
             return self._noted(Artifact(model=lstm_int8.full_integer(float_model.model, self.calib), precision=precision))
         model = quantize(float_model.model, precision, self.calib)
-        if precision == "dynamic_int8" and lstm_count(model):  # ai-edge-quantizer leaves fused LSTMs float32
+        if precision == "static_int8_float_io" and self.calib:
+            source = float_model.model
+            model, rec = whole_on_xnnpack(source, model, lambda scopes: quantize(
+                source, precision, self.calib, keep_float=scopes), self.calib[0])
+            if (note := f"static_int8_float_io: {rec['why']} (precision/xnnpack_int8.py)") not in self.notes:
+                self.notes.append(note)
+        if precision in ("dynamic_int8", "static_int8_float_io") and lstm_count(model):  # the quantizer leaves fused LSTMs float32
             model = int8_weights(model)
             if LSTM_INT8_NOTE not in self.notes:
                 self.notes.append(LSTM_INT8_NOTE)

@@ -4,7 +4,13 @@ float32 is the artifact itself; float16 casts weights; dynamic_int8 stores
 int8 weights and computes in float; static_int8 quantizes weights and
 activations from calibration inputs and gives int8 model inputs/outputs
 (token-id inputs stay int32), with embedding lookups as int8 GATHER
-and every weight inside the flatbuffer (both in tflite_rewrites.py).
+and every weight inside the flatbuffer (both in tflite_rewrites.py) and the
+microcontroller rewrites (tflm_int8.py): the iot target's full-integer form.
+static_int8_float_io is the same int8 graph for XNNPACK (phones, web): float
+model inputs/outputs (a QUANTIZE after each input, a DEQUANTIZE before each
+output, which XNNPACK runs inside its partition) and none of the TFLM
+rewrites: a GELU or SQRT as a CAST+GATHER table is an op XNNPACK does not
+take, and splits its graph.
 """
 
 from __future__ import annotations
@@ -22,7 +28,11 @@ from tpu_pipeline.convert.tool_output import first_line, quiet_native
 from tpu_pipeline.convert.verdict.int8_ranges import observed_ranges
 from tpu_pipeline.errors import ConversionError
 
-RECIPES = {"dynamic_int8": "dynamic_wi8_afp32", "static_int8": "static_wi8_ai8"}
+RECIPES = {"dynamic_int8": "dynamic_wi8_afp32", "static_int8": "static_wi8_ai8", "static_int8_float_io": "static_wi8_ai8"}
+CALIBRATED = ("static_int8", "static_int8_float_io")  # the precisions that need calibration rows
+# ai-edge-quantizer's virtual INPUT/OUTPUT ops left unquantized: float model I/O around the int8 graph
+_FLOAT_IO = [{"regex": ".*", "operation": op, "algorithm_key": "no_quantize", "op_config": {}}
+             for op in ("INPUT", "OUTPUT")]
 _FP16 = [{"regex": ".*", "operation": "*", "algorithm_key": "float_casting",
           "op_config": {"weight_tensor_config": {"num_bits": 16, "dtype": "FLOAT"},
                         "compute_precision": "FLOAT", "explicit_dequantize": True}}]
@@ -31,7 +41,7 @@ _FP16 = [{"regex": ".*", "operation": "*", "algorithm_key": "float_casting",
 def recipe_for(precision: str):
     if precision == "float16":
         return _FP16
-    return getattr(recipe, RECIPES[precision])()
+    return getattr(recipe, RECIPES[precision])() + (_FLOAT_IO if precision == "static_int8_float_io" else [])
 
 
 # How static int8 sets each activation's range from the calibration rows (int8_ranges.py finds
@@ -73,7 +83,7 @@ def quantize(float_model: bytes, precision: str,
     except Exception as e:  # noqa: BLE001
         raise ConversionError(f"ai-edge-quantizer could not make the {precision} variant: {type(e).__name__}: {first_line(e)}") from None
     if precision != "static_int8":
-        return model
+        return model  # static_int8_float_io: XNNPACK reads external buffers and runs GELU/SQRT/ABS in int8
     # full-integer is the TFLM variant, and TFLM reads no external buffers (written from 256 KiB of
     # weights) nor runs int8 REDUCE_MAX/GELU/SQRT/ABS as the quantizer writes them (tflm_int8.py)
     return for_tflm(inline_buffers(model))

@@ -112,7 +112,7 @@ def test_precision_chosen_by_measurement_and_precision_loss_diagnosed(tmp_path):
     for f in (Path(tc.__file__).parent / "targets").glob("*.toml"):
         text = f.read_text()
         if f.stem == "android":
-            text = text.replace('precisions = ["float16", "dynamic_int8"]', 'precisions = ["float16"]')
+            text = text.replace('precisions = ["float16", "dynamic_int8", "static_int8_float_io"]', 'precisions = ["float16"]')
         (profiles / f.name).write_text(text)
     result = tc.convert(net, x, targets="android", out=tmp_path / "b", samples=4, latency=False,
                         profile_dir=profiles)
@@ -182,7 +182,7 @@ def test_accuracy_aware_quantization_keeps_the_hostile_layer_in_float(tmp_path):
     for f in (Path(tc.__file__).parent / "targets").glob("*.toml"):
         text = f.read_text()
         if f.stem == "web":  # dynamic int8 only, and no browser run: the rounds are what is tested
-            text = text.replace('precisions = ["float16", "dynamic_int8"]', 'precisions = ["dynamic_int8"]')
+            text = text.replace('precisions = ["float16", "dynamic_int8", "static_int8_float_io"]', 'precisions = ["dynamic_int8"]')
             text = text.replace("browser_parity = true", "browser_parity = false")
         (profiles / f.name).write_text(text)
     net, x = _Hostile().eval(), (torch.randn(1, 32),)
