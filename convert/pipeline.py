@@ -794,7 +794,9 @@ def _write_target(prof: TargetProfile, r: TargetResult, model: ModelKind, stage:
     if app and prof.firmware:
         _firmware(prof, r, sub, say)
     model_json = model.model_json(r)
-    snippet = write_snippet(prof.app_snippet, model_json, sub, out.name) if app else None
+    # web: the MediaPipe task's JavaScript when the artifact is app-ready (convert/app_io), as its bucket snippet
+    language = prof.app_snippet or ("js" if prof.browser_parity else "")
+    snippet = write_snippet(language, model_json, sub, out.name) if app else None
     if snippet:
         r.app_snippet = model_json["app_snippet"] = str(out / prof.name / snippet.name)
     _write_layer_errors(r, sub, out / rel, model_json)

@@ -93,10 +93,80 @@ def render_lm(language: str, model_json: dict, model_name: str) -> str:
                            sampler_doc=doc, kotlin_sampler=kotlin, swift_sampler=swift)
 
 
+# An app-ready artifact (model.json's `app`, convert/app_io): the MediaPipe task created from the file.
+MEDIAPIPE_FILES = {"kotlin": ("mediapipe.kt.tmpl", "Model{task}.kt"), "swift": ("mediapipe.swift.tmpl", "Model{task}.swift"),
+                   "js": ("mediapipe.js.tmpl", "model_{task}.js")}
+# per task: what the metadata carries, the packages, and each language's input and call
+MEDIAPIPE_TASKS = {
+    "ImageClassifier": {
+        "reads": "the image size, (pixel - mean) / std and the labels", "artifact": "tasks-vision",
+        "pod": "MediaPipeTasksVision", "npm": "@mediapipe/tasks-vision", "fileset": "forVisionTasks",
+        "imports": "import android.graphics.Bitmap\nimport com.google.mediapipe.framework.image.BitmapImageBuilder\n"
+                   "import com.google.mediapipe.tasks.vision.imageclassifier.ImageClassifier",
+        "swift_imports": "import UIKit\n",
+        "kotlin_param": "bitmap: Bitmap", "swift_param": "_ image: UIImage", "js_param": "image",
+        "kotlin_body": "        val result = classifier.classify(BitmapImageBuilder(bitmap).build())\n"
+                       "        return result.classificationResult().classifications()[0].categories()",
+        "swift_body": "        let result = try classifier.classify(image: try MPImage(uiImage: image))\n"
+                      "        return result.classificationResult.classifications[0].categories",
+        "js_call": "classifier.classify(image)",
+        "input_doc": "An RGB image of any size (the task resizes it to {size}): a camera frame, a photo."},
+    "AudioClassifier": {
+        "reads": "the sample rate and the labels", "artifact": "tasks-audio", "pod": "MediaPipeTasksAudio",
+        "npm": "@mediapipe/tasks-audio", "fileset": "forAudioTasks",
+        "imports": "import com.google.mediapipe.tasks.audio.audioclassifier.AudioClassifier\n"
+                   "import com.google.mediapipe.tasks.components.containers.AudioData",
+        "swift_imports": "import AVFoundation\n",
+        "kotlin_param": "samples: FloatArray", "swift_param": "_ buffer: AVAudioPCMBuffer", "js_param": "samples",
+        "kotlin_body": "        val audio = AudioData.create(\n"
+                       "            AudioData.AudioDataFormat.builder().setNumOfChannels(1).setSampleRate({rate}f).build(),\n"
+                       "            samples.size)\n"
+                       "        audio.load(samples)\n"
+                       "        return classifier.classify(audio).classificationResults()[0].classifications()[0].categories()",
+        "swift_body": "        let audio = AudioData(format: AudioDataFormat(channelCount: 1, sampleRate: {rate}),\n"
+                      "                              sampleCount: UInt(buffer.frameLength))\n"
+                      "        try audio.load(buffer: buffer, offset: 0, count: UInt(buffer.frameLength))\n"
+                      "        return try classifier.classify(audioClip: audio).classificationResults[0]"
+                      ".classifications[0].categories",
+        "js_call": "classifier.classify(samples, {rate})[0]",
+        "input_doc": "Mono samples in -1..1 at {rate} Hz (other rates are resampled), {samples} per result."},
+    "TextClassifier": {
+        "reads": "the regex tokenizer with its vocab and the labels", "artifact": "tasks-text",
+        "pod": "MediaPipeTasksText", "npm": "@mediapipe/tasks-text", "fileset": "forTextTasks",
+        "imports": "import com.google.mediapipe.tasks.text.textclassifier.TextClassifier", "swift_imports": "",
+        "kotlin_param": "text: String", "swift_param": "_ text: String", "js_param": "text",
+        "kotlin_body": "        return classifier.classify(text).classificationResult().classifications()[0].categories()",
+        "swift_body": "        return try classifier.classify(text: text).classificationResult.classifications[0].categories",
+        "js_call": "classifier.classify(text)",
+        "input_doc": "A sentence: the task tokenizes it ({length} tokens, padded or cut)."},
+}
+
+
+def render_mediapipe(language: str, model_json: dict, model_name: str) -> str:
+    """The snippet that creates model.json's MediaPipe task (its `app`) from the file."""
+    app, t = model_json["app"], MEDIAPIPE_TASKS[model_json["app"]["task"]]
+    shape = model_json["inputs"][0]["shape"]
+    fill = {"size": f"{shape[2]} x {shape[1]}" if len(shape) == 4 else "", "rate": (app.get("audio") or {}).get("sample_rate"),
+            "samples": shape[-1], "length": shape[-1]}
+    code = {k: v.format(**fill) if "{" in v else v for k, v in t.items()}
+    probs = "is a probability (softmax head)" if app.get("labels") else "is the model's score"
+    text = string.Template((TEMPLATES / MEDIAPIPE_FILES[language][0]).read_text())
+    return text.substitute(model=model_name, target=model_json.get("target", ""), quantization=model_json["quantization"],
+                           task=app["task"], class_name=f"Model{app['task']}", classes=len(app.get("labels") or []) or -1, score_doc=probs, **code)
+
+
 def write_snippet(language: str, model_json: dict, out_dir: str | Path, model_name: str) -> Path | None:
-    """language: a target profile's `app_snippet` ("" writes nothing). An LM target (model.json
-    with a `litertlm` bundle) gets the LiteRT-LM snippet; any other the LiteRT loader."""
+    """language: a target profile's `app_snippet` ("" writes nothing; "js": the web target, only for a
+    MediaPipe task). An LM target (model.json with a `litertlm` bundle) gets the LiteRT-LM snippet; an
+    app-ready one (model.json's `app` names a task) the MediaPipe task; any other the LiteRT loader."""
     if not language:
+        return None
+    task = (model_json.get("app") or {}).get("task")
+    if task and language in MEDIAPIPE_FILES:
+        path = Path(out_dir) / MEDIAPIPE_FILES[language][1].format(task=task)
+        path.write_text(render_mediapipe(language, model_json, model_name))
+        return path
+    if language == "js":
         return None
     if model_json.get("litertlm"):
         path = Path(out_dir) / LM_SNIPPET_FILES[language][1]

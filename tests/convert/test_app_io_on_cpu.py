@@ -19,6 +19,7 @@ import tpu_pipeline.convert as tc
 from tpu_pipeline.cli import cli
 from tpu_pipeline.convert.app_io.worker import call
 from tpu_pipeline.testing import app_models
+from tpu_pipeline.testing.mediapipe_web import classify_in_chromium
 
 pytestmark = pytest.mark.slow  # MediaPipe children, Chromium, TFLM
 
@@ -75,6 +76,15 @@ def test_image_classifier_from_a_pt2_loads_in_mediapipe(colours, tmp_path):
     scores = _mediapipe_scores(out / "android" / "model.tflite", "image", tmp_path, pixels=np.stack(colours.raw))
     assert np.allclose(scores.sum(1), 1.0, atol=1e-4)
     assert float((scores.argmax(1) == colours.eval_y).mean()) >= torch_acc - 1 / len(colours.eval_y)
+    # the app code convert wrote: Kotlin and Swift create the task; the web's JavaScript runs in Chromium,
+    # MediaPipe Tasks for the web from npm, on the same images handed over as RGBA ImageData
+    assert "ImageClassifier.createFromOptions" in (out / "android" / "ModelImageClassifier.kt").read_text()
+    assert "try ImageClassifier(options: options)" in (out / "ios" / "ModelImageClassifier.swift").read_text()
+    rgba = [{"rgba": np.concatenate([p, np.full((16, 16, 1), 255, np.uint8)], -1).ravel().tolist(), "width": 16,
+             "height": 16} for p in colours.raw]
+    web = classify_in_chromium(out / "web", "model_ImageClassifier.js", "ImageClassifier", "image", rgba)
+    assert [r[0][2] for r in web] == [colours.labels[i] for i in scores.argmax(1)]  # MediaPipe web = Python
+    assert float(np.mean([r[0][0] == y for r, y in zip(web, colours.eval_y)])) >= torch_acc - 1 / len(colours.eval_y)
     iot = json.loads((out / "iot" / "model.json").read_text())
     q = iot["inputs"][0]["quantization"]
     assert iot["inputs"][0]["dtype"] == "int8" and iot["app"]["task"] is None and "mediapipe" not in iot["app"]
@@ -88,9 +98,9 @@ def test_audio_and_text_classifiers_load_in_mediapipe(which, tmp_path):
     evals, labels = _files(am, tmp_path)
     kw = ({"audio": am.flag} if which == "tones" else
           {"text": am.flag.replace("VOCAB", str(app_models.write_vocab(tmp_path / "vocab.txt")))})
-    r = tc.convert(am.module, (am.example(),), targets="android", out=tmp_path / "dist", eval_data=str(evals),
+    r = tc.convert(am.module, (am.example(),), targets="web", out=tmp_path / "dist", eval_data=str(evals),
                    labels=str(labels), latency=False, progress=False, **kw)
-    t = r["android"]
+    t = r["web"]
     assert t.passed, t.errors
     client = t.parity["app"]["client"]
     task = "AudioClassifier" if which == "tones" else "TextClassifier"
@@ -100,6 +110,10 @@ def test_audio_and_text_classifiers_load_in_mediapipe(which, tmp_path):
     scores = _mediapipe_scores(Path(t.artifact_path), "audio" if which == "tones" else "text", tmp_path, **raw)
     torch_acc = app_models.accuracy(am.module, am.eval_x, am.eval_y)
     assert float((scores.argmax(1) == am.eval_y).mean()) >= torch_acc - 1 / len(am.eval_y)
+    kind = "audio" if which == "tones" else "text"
+    web = classify_in_chromium(tmp_path / "dist" / "web", f"model_{task}.js", task, kind,
+                               [w.tolist() for w in am.raw] if which == "tones" else list(am.raw))
+    assert [r[0][0] for r in web] == scores.argmax(1).tolist()  # MediaPipe for the web = MediaPipe Python
     shown = t.parity["app"]["metadata"]
     if which == "tones":
         assert shown["min_parser_version"] == "1.3.0"  # AudioProperties (MediaPipe's metadata_version.cc)
