@@ -33,6 +33,7 @@ import torch
 from tpu_pipeline import files
 from tpu_pipeline.convert import shapes
 from tpu_pipeline.convert.iot.firmware import measure_arena, suggested_arena, write_c_array
+from tpu_pipeline.convert.hf import kind as _hf_kind  # noqa: F401 - registers HFTaskKind (see model_kind)
 from tpu_pipeline.convert.kinds import ModelKind, Progress, detection_order
 from tpu_pipeline.convert.lm import kind as _lm_kind  # noqa: F401 - registers CausalLMKind (see model_kind)
 from tpu_pipeline.convert.module.kind import ModuleKind

@@ -22,6 +22,7 @@ the target's checks unless a later one is clearly faster (pipeline._choose).
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +53,21 @@ FLOAT_RECIPES = ("float32", "float16")  # bundles judged by greedy generations; 
 NOT_FOR_HF = "does not apply to a Hugging Face causal-LM folder (its config.json and safetensors define the model)"
 
 
+CAUSAL_LM_HEADS = ("ForCausalLM", "LMHeadModel")  # Transformers' causal-LM classes (GPT2LMHeadModel, ...)
+
+
+def names_causal_lm(path: Path) -> bool:
+    """config.json's `architectures` name a causal-LM head: never the tokenizer files beside it (a BERT
+    sequence classifier has config.json and tokenizer.json too)."""
+    try:
+        archs = json.loads((path / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+    return isinstance(archs, list) and any(isinstance(a, str) and a.endswith(CAUSAL_LM_HEADS) for a in archs)
+
+
 def is_causal_lm_folder(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file() and (path / "tokenizer.json").is_file()
+    return path.is_dir() and names_causal_lm(path) and (path / "tokenizer.json").is_file()
 
 
 def read_prompts(path: str | Path | None, tokenizer, n: int, vocab: int, max_prompt: int, rng) -> tuple[list[list[int]], str]:
@@ -82,7 +96,7 @@ class CausalLMKind(ModelKind):
     """A Hugging Face causal-LM folder (config.json, safetensors, tokenizer.json): a .litertlm bundle
     per target (and the decode-ready export for the Llama family), judged by greedy token agreement."""
 
-    detect_order = 0  # a folder with config.json and tokenizer.json, before ModuleKind's catch-all
+    detect_order = 0  # config.json naming a *ForCausalLM head, and tokenizer.json; before the other kinds
     noun = "a causal LM"
     refused_options = {
         "input_shapes": NOT_FOR_HF, "model_class": NOT_FOR_HF, "model_kwargs": NOT_FOR_HF, "trust_pickle": NOT_FOR_HF,

@@ -114,8 +114,10 @@ class ModuleKind(ModelKind):
         return cls.from_loaded(m, o, rng)
 
     @classmethod
-    def from_loaded(cls, m: LoadedModel, o: ConvertOptions, rng: np.random.Generator) -> ModuleKind:
-        """The kind for a model already in memory (the Python API hands over an nn.Module)."""
+    def from_loaded(cls, m: LoadedModel, o: ConvertOptions, rng: np.random.Generator, *,
+                    eval_set: eval_data.EvalData | None = None) -> ModuleKind:
+        """The kind for a model already in memory (the Python API hands over an nn.Module).
+        eval_set: eval rows already decoded (a Hugging Face folder's raw data through its processor)."""
         calib_data, calib_source = None, None
         if isinstance(o.calib, (str, Path)):
             calib_data, calib_source = _read_npz(o.calib, m, "--calib"), "--calib"
@@ -123,7 +125,7 @@ class ModuleKind(ModelKind):
             calib_data, calib_source = _sample_rows(o.calib, m), "calibration"
         elif m.calibration is not None:
             calib_data, calib_source = _rows(m.calibration, m), "the manifest's calibration_inputs"
-        ev = eval_data.read(o.eval_data, _input_specs(m), "--eval-data") if o.eval_data else None
+        ev = eval_set or (eval_data.read(o.eval_data, _input_specs(m), "--eval-data") if o.eval_data else None)
         if o.metric is not None and (ev is None or ev.labels is None):
             raise UserError("--metric scores the model against labels: give --eval-data FILE.npz with a "
                             f"{eval_data.LABELS_KEY!r} array, or a samples folder with {eval_data.LABELS_FILE}")

@@ -90,9 +90,44 @@ def miou(outputs: np.ndarray, labels: np.ndarray) -> float:
     return output_kinds.mean_iou(o.argmax(1), np.asarray(labels).astype(np.int64), o.shape[1])
 
 
+def _chunks(tags: list[str]) -> set[tuple[int, int, str]]:
+    """IOB2 entity chunks (start, end, type), conlleval's rules as seqeval's default mode: a chunk
+    starts at B-X, or at I-X after O or another type; it ends before O, B-* or another type."""
+    out, start, typ = set(), None, None
+    for i, t in enumerate([*tags, "O"]):
+        prefix, _, ty = t.partition("-") if "-" in t else (("O", "", "") if t == "O" else ("I", "", t))
+        if start is not None and (prefix != "I" or ty != typ):
+            out.add((start, i, typ))
+            start = None
+        if prefix in ("B", "I") and start is None:
+            start, typ = i, ty
+    return out
+
+
+def entity_f1(names: tuple[str, ...], ignore: int = -100) -> Metric:
+    """Token classification: micro F1 over entity chunks (_chunks) of each row's scored positions
+    (labels != ignore), tag names `names` (id2label). seqeval's default mode computes the same; it
+    is not a dependency (its last release is from 2020)."""
+
+    def f1(outputs: np.ndarray, labels: np.ndarray) -> float:
+        pred = np.asarray(outputs).argmax(-1)
+        tp = n_pred = n_gold = 0
+        for p, y in zip(pred, np.asarray(labels)):
+            keep = y != ignore
+            gold, got = _chunks([names[k] for k in y[keep]]), _chunks([names[k] for k in p[keep]])
+            tp, n_pred, n_gold = tp + len(gold & got), n_pred + len(got), n_gold + len(gold)
+        return 2 * tp / (n_pred + n_gold) if n_pred + n_gold else 1.0
+
+    return Metric("entity_f1", f1, output=0, unit="F1", why="entity F1 (IOB2 chunks, seqeval's default mode) over "
+                                                            "each word's first sub-token")
+
+
 def choose(spec, labels: np.ndarray, ref0: np.ndarray, kind: str, name: str, n_outputs: int) -> Metric:
     """The metric: the user's (`module:function` or a function), else the built-in for the first
-    output's kind (ref0: that output stacked over the eval rows); UserError when none applies."""
+    output's kind (ref0: that output stacked over the eval rows); UserError when none applies. A
+    Metric is taken as it is (a Hugging Face folder's task decides its own: entity_f1)."""
+    if isinstance(spec, Metric):
+        return spec
     if spec is not None:
         fn = load_function(spec, "--metric") if isinstance(spec, str) else spec
         if not callable(fn):

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from tpu_pipeline.cli import cli
 from tpu_pipeline.convert import load_profiles
+from tpu_pipeline.convert.hf.kind import HFTaskKind
 from tpu_pipeline.convert.kinds import MODEL_KINDS, detection_order, register_kind
 from tpu_pipeline.convert.lm.kind import CausalLMKind
 from tpu_pipeline.convert.module.kind import ModuleKind
@@ -53,9 +54,10 @@ def test_kind_detection(tmp_path):
 
 def test_kinds_register_where_defined_and_are_asked_in_detect_order():
     # registration order follows import order; detection must not
-    assert detection_order() == [CausalLMKind, ModuleKind]
+    assert detection_order() == [CausalLMKind, HFTaskKind, ModuleKind]
     assert sorted((e.name, e.obj.name, e.defined_in) for e in MODEL_KINDS.entries()) == [
         ("causal-lm", "causal-lm", "tpu_pipeline.convert.lm.kind"),
+        ("hf-task", "hf-task", "tpu_pipeline.convert.hf.kind"),
         ("module", "module", "tpu_pipeline.convert.module.kind")]
     assert all(e.description for e in MODEL_KINDS.entries())
     with pytest.raises(ValueError, match="already registered"):
