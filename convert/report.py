@@ -60,6 +60,8 @@ def _cell(v) -> str:
         return f"{v:.6g}"
     if isinstance(v, list):
         return "; ".join(map(str, v))
+    if isinstance(v, dict):  # {op: count}: the ops a candidate leaves outside XNNPACK
+        return ", ".join(f"{k} x{n}" for k, n in v.items()) or "none"
     return "-" if v is None else str(v)
 
 
@@ -102,6 +104,11 @@ def _choice(t: dict) -> str:
         parts.append(f"<table class='cands'><tr>{head}</tr>{body}</table>")
     if t.get("chosen_because"):
         parts.append(f"<p>chosen: {e(t['chosen_because'])}</p>")
+    plan = t.get("xnnpack") or {}
+    if "partitions" in plan:  # the shipped variant's CPU plan (runtimes/delegation.py)
+        left = ", ".join(f"{op} x{n}" for op, n in plan["left"].items()) or "none"
+        parts.append(f"<p>XNNPACK: {plan['partitions']} partition(s), {plan['delegated']} of {plan['ops']} ops; "
+                     f"left to other kernels: {e(left)}</p>")
     repairs = _int8_repairs(t.get("int8_repairs"))
     if repairs:
         parts.append(repairs)

@@ -123,6 +123,8 @@ def test_android_measures_static_int8_with_calibration_rows_only(tmp_path):
     assert set(cands) == {"float16", "dynamic_int8", "static_int8_float_io"}
     assert all(c["xnnpack_partitions"] == 1 and c["ops_outside_xnnpack"] == {} for c in cands.values()), cands
     assert android.xnnpack["partitions"] == 1 and android.to_json()["xnnpack"]["ops"] > 0
+    html = (tmp_path / "a" / "report.html").read_text()
+    assert f"XNNPACK: 1 partition(s), {android.xnnpack['ops']} of {android.xnnpack['ops']} ops" in html
     # chosen by the rule: the first listed that passes, unless a later one is >= 10% faster
     passed = [c for c in android.candidates if c["passed"]]
     assert cands[android.precision]["chosen"] and cands[android.precision] in passed
