@@ -19,7 +19,8 @@ def write_model(path: Path, *, model_class: str, model_kwargs: dict, state_dict:
                 output_names: Sequence[str], task: str, recipe: str, metrics: dict[str, Any],
                 calibration_inputs: Sequence[torch.Tensor] | None = None,
                 output_kinds: dict[str, str] | None = None,
-                shape_buckets: dict[str, Sequence[str]] | None = None) -> None:
+                shape_buckets: dict[str, Sequence[str]] | None = None,
+                app_io: dict[str, Any] | None = None) -> None:
     """Writes the manifest atomically; tensors stay as trained (dtype and device).
 
     calibration_inputs: real inputs from the training data, one tensor per
@@ -32,6 +33,9 @@ def write_model(path: Path, *, model_class: str, model_kwargs: dict, state_dict:
     shape_buckets: inputs of several shapes, as convert's flags take them: {"shapes":
     ["x=1x16000,1x32000"]} or {"dynamic": ["x:1=16000..64000"]}, with "pad": ["x=length:len"]
     (docs/convert/shapes.md); convert then makes a signature per bucket unless its flags say otherwise.
+    app_io: what an app hands the model, as convert's flags take it: {"image": "x:mean=127.5:std=127.5",
+    "labels": [...], "metadata": {"author": ...}} (docs/convert/apps.md); convert then makes the artifacts
+    MediaPipe-ready and checks them through MediaPipe Tasks.
     """
     if not model_class.startswith("tpu_pipeline."):
         raise ValueError(f"model_class must live inside tpu_pipeline, got {model_class!r}")
@@ -49,6 +53,8 @@ def write_model(path: Path, *, model_class: str, model_kwargs: dict, state_dict:
     }
     if shape_buckets:
         obj["shape_buckets"] = {str(k): [str(x) for x in v] for k, v in shape_buckets.items()}
+    if app_io:
+        obj["app_io"] = {str(k): v for k, v in app_io.items()}
     if output_kinds:
         obj["output_kinds"] = {str(k): str(v) for k, v in output_kinds.items()}
     if calibration_inputs is not None:

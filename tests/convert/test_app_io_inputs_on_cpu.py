@@ -143,3 +143,18 @@ def test_cli_exit_2_and_one_line(tmp_path):
         "Error: --image x: an RGB input has a 3-sized channel axis; this one is [1, 1, 8, 8] (a grayscale or other "
         "input is not an image MediaPipe can feed)")
     assert not out.exists()
+
+
+def test_train_manifest_carries_app_io(tmp_path):
+    """train's write_model records the description; convert's loader reads it into the same record."""
+    from tpu_pipeline.convert.module.loaders import load_model
+    from tpu_pipeline.train.manifest import write_model
+
+    net = ColourNet().eval()
+    write_model(tmp_path / "model.pt", model_class="tpu_pipeline.testing.app_models:ColourNet", model_kwargs={},
+                state_dict=net.state_dict(), example_inputs=[torch.randn(1, 3, 16, 16)], input_names=["x"],
+                output_names=["logits"], task="classification", recipe="t", metrics={},
+                app_io={"image": "x:mean=127.5:std=127.5", "labels": ["red", "green", "blue", "yellow"]})
+    m = load_model(tmp_path / "model.pt")
+    assert m.app_io.image == ImageInput(name="x", mean=(127.5,), std=(127.5,))
+    assert m.app_io.labels.names == ("red", "green", "blue", "yellow")
