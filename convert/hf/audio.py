@@ -14,11 +14,11 @@ from torch import nn
 
 from tpu_pipeline.convert.app_io import AudioInput
 from tpu_pipeline.convert.hf import raw_data
-from tpu_pipeline.convert.hf.families import Rows, TaskFamily, Wrapped, register_family
+from tpu_pipeline.convert.hf.families import (PREPROCESSOR, Rows, TaskFamily, Wrapped, preprocessor_config,
+                                              register_family)
 from tpu_pipeline.convert.tool_output import first_line
 from tpu_pipeline.errors import UserError
 
-PREPROCESSOR = "preprocessor_config.json"
 NORM_EPS = 1e-7  # Wav2Vec2FeatureExtractor.zero_mean_unit_var_norm's
 
 
@@ -34,10 +34,7 @@ class WaveformNorm(nn.Module):
 def feature_extractor(folder):
     import transformers  # heavy; only HF folders need it
 
-    cfg = folder.path / PREPROCESSOR
-    if not cfg.is_file():
-        raise UserError(f"{cfg}: missing; an audio model's folder needs its feature extractor (save it with "
-                        "feature_extractor.save_pretrained(folder))")
+    cfg = preprocessor_config(folder, "feature extractor")
     try:
         return transformers.AutoFeatureExtractor.from_pretrained(folder.path, local_files_only=True,
                                                                   trust_remote_code=False)

@@ -98,6 +98,18 @@ class TaskFamily(abc.ABC):
         return np.array([label_index(it.label, self.folder.label2id, where(it)) for it in items], np.int64)
 
 
+PREPROCESSOR = "preprocessor_config.json"  # where save_pretrained writes an image processor or feature extractor
+
+
+def preprocessor_config(folder: Folder, what: str) -> Path:
+    """The folder's preprocessor_config.json; UserError naming it when the processor was not saved."""
+    cfg = folder.path / PREPROCESSOR
+    if not cfg.is_file():
+        raise UserError(f"{cfg}: missing; this model's folder needs its {what} (save it with "
+                        f"{what.replace(' ', '_')}.save_pretrained(folder))")
+    return cfg
+
+
 class Wrapped(nn.Module):
     """A HF model as litert-torch traces it: positional tensor inputs (named as forward() takes
     them) -> a tuple of the named outputs; `pre` runs on the first input first (preprocessing

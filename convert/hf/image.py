@@ -15,21 +15,15 @@ from PIL import Image
 
 from tpu_pipeline.convert.app_io import ImageInput
 from tpu_pipeline.convert.hf import raw_data
-from tpu_pipeline.convert.hf.families import Rows, TaskFamily, register_family
+from tpu_pipeline.convert.hf.families import PREPROCESSOR, Rows, TaskFamily, preprocessor_config, register_family
 from tpu_pipeline.convert.tool_output import first_line
 from tpu_pipeline.errors import UserError
-
-PREPROCESSOR = "preprocessor_config.json"
-
 
 def image_processor(folder):
     """The folder's image processor, Pillow backend (`<type>Pil`), read from preprocessor_config.json."""
     import transformers  # heavy; only HF folders need it
 
-    cfg = folder.path / PREPROCESSOR
-    if not cfg.is_file():
-        raise UserError(f"{cfg}: missing; an image model's folder needs its image processor (save it with "
-                        "processor.save_pretrained(folder))")
+    cfg = preprocessor_config(folder, "image processor")
     try:
         kind = json.loads(cfg.read_text(encoding="utf-8")).get("image_processor_type") or ""
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
@@ -127,8 +121,8 @@ class ImageClassification(_ImageFamily):
     def rows(self, path: Path, flag: str) -> Rows:
         items = raw_data.images(path, flag)
         labels = self.label_ids(items, lambda it: f"{flag} {it.where}")
-        return Rows(self._decoded(items, flag), labels, f"{flag} {path.name}/ ({len(items)} images, "
-                                                           f"{raw_data.IMAGE_DECODER} + {type(self.processor).__name__})")
+        how = f"{raw_data.IMAGE_DECODER} + {type(self.processor).__name__}"
+        return Rows(self._decoded(items, flag), labels, f"{flag} {path.name}/ ({len(items)} images, {how})")
 
 
 @register_family("semantic-segmentation")

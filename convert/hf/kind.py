@@ -28,7 +28,8 @@ from tpu_pipeline.convert.tool_output import first_line
 from tpu_pipeline.convert.verdict.eval_data import EvalData
 from tpu_pipeline.errors import PipelineError, UserError
 
-NOT_FOR_HF = "does not apply to a Hugging Face task folder (its config.json, processor and safetensors define the model)"
+NOT_FOR_HF = ("does not apply to a Hugging Face task folder (its config.json, processor and safetensors define "
+              "the model)")
 LM_ONLY = "applies to Hugging Face causal-LM folders only"
 
 
@@ -61,7 +62,8 @@ class HFTaskKind(ModuleKind):
         family_cls = family_for(folder.architecture)
         if family_cls is None:
             raise UserError(f"{path / 'config.json'}: architecture {folder.architecture} has no task head this "
-                            f"tool knows (it converts the heads of {', '.join(known_heads())} and AutoModelForCausalLM)")
+                            f"tool knows (it converts the heads of {', '.join(known_heads())} and "
+                            "AutoModelForCausalLM)")
         family = family_cls(folder, _model(folder), o.lm_max_len)
         # eval rows first: an audio clip length is the longest eval clip's unless --max-len says it
         ev = None

@@ -119,7 +119,8 @@ def _options(**kw):
 
 
 def run(*args):
-    return CliRunner().invoke(cli, ["convert", *map(str, args)])
+    # one target without a browser or GPU child: bad input is refused at load, before any child would start
+    return CliRunner().invoke(cli, ["convert", *map(str, args), "--targets", "desktop"])
 
 
 def _one_line(r, *words, out=None):

@@ -107,7 +107,8 @@ def sentiment_rows(rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
     for i in range(n):
         label = "positive" if i % 2 == 0 else "negative"
         words = list(rng.choice(FILLER, int(rng.integers(3, 7))))
-        words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(POSITIVE if label == "positive" else NEGATIVE)))
+        at = int(rng.integers(0, len(words) + 1))
+        words.insert(at, str(rng.choice(POSITIVE if label == "positive" else NEGATIVE)))
         rows.append((" ".join(words), label))
     return rows
 

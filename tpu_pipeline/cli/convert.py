@@ -34,7 +34,9 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
 @click.option("--eval-data", type=click.Path(), default=None,
               help="Parity inputs: FILE.npz (an array per input, optionally `labels`), or a folder of samples (one "
                    ".npy/.npz each, labels in labels.csv: file_name,label). With labels each target is judged by its "
-                   "task score (LM folders: use --prompts).")
+                   "task score (LM folders: use --prompts). Hugging Face task folders take raw data: an image folder "
+                   "(a subfolder per label), a .csv/.jsonl of text, a folder of .wav files with labels.csv "
+                   "(docs/convert/hf.md).")
 @click.option("--metric", default=None, metavar="MODULE:FUNCTION",
               help="Task metric(outputs, labels) -> float, higher is better (a function attribute higher_is_better = "
                    "False flips it), imported from sys.path or the current folder [default with labels: accuracy for "
@@ -61,7 +63,9 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
 @click.option("--prompts", type=click.Path(), default=None,
               help="LMs: text file with one parity prompt per line [default: random token sequences].")
 @click.option("--max-len", "lm_max_len", type=click.IntRange(2, 8192), default=None,
-              help="LMs: KV-cache length of the artifact [default: min(max_position_embeddings, 256)].")
+              help="LMs: KV-cache length of the artifact [default: min(max_position_embeddings, 256)]. Hugging Face "
+                   "text folders: tokens per row [default: min(max_position_embeddings, 128)]; audio folders: "
+                   "samples per clip [default: the longest --eval-data clip].")
 @click.option("--prefill-len", "lm_prefill_len", type=click.IntRange(1, 8192), default=None,
               help="LMs: tokens per prefill call [default: min(32, max-len)].")
 @click.option("--image", default=None, metavar="NAME[:mean=M:std=S]",
