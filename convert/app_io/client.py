@@ -9,6 +9,7 @@ the file differently from a model that scores differently."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import numpy as np
 from tpu_pipeline.convert.app_io.graph import from_pixels, to_pixels
 from tpu_pipeline.convert.app_io.spec import PAD, START, UNKNOWN, AppIO, read_vocab
 from tpu_pipeline.convert.app_io.worker import call
+from tpu_pipeline.convert.runtimes import browser
 from tpu_pipeline.convert.runtimes.litert import LitertRunner
 from tpu_pipeline.convert.tflite_info import ModelInfo
 from tpu_pipeline.convert.verdict.task_score import TaskScore
@@ -26,6 +28,33 @@ CLIPPED_HINT = 0.01  # share of image values beyond 0..255 as pixels that names 
 MIN_AGREEMENT = 0.98  # top-1 agreement with ai-edge-litert on the same raw rows (near-tie rows may flip)
 TASKS = {"image": "ImageClassifier", "audio": "AudioClassifier", "text": "TextClassifier"}
 CLIENT = "MediaPipe Tasks 1.2.2 (Python; the C++ task graphs Android and iOS run)"
+WEB_CLIENT = "MediaPipe Tasks for the web (npm @mediapipe/tasks-*, wasm) in headless Chromium"
+# per input kind: the npm package (convert/web/package.json), its bundle and its FilesetResolver call
+WEB_PACKAGES = {"image": ("tasks-vision", "vision_bundle.mjs", "forVisionTasks"),
+                "audio": ("tasks-audio", "audio_bundle.mjs", "forAudioTasks"),
+                "text": ("tasks-text", "text_bundle.mjs", "forTextTasks")}
+WEB_TIMEOUT_S = 180
+_PAGE = """<!doctype html><meta charset=utf-8>
+<script type="module">
+import {FilesetResolver, %(task)s} from './node_modules/@mediapipe/%(package)s/%(bundle)s';
+const post = r => fetch('./result', {method: 'POST', body: JSON.stringify(r)});
+try {
+  const job = await (await fetch('./job.json')).json();
+  const fileset = await FilesetResolver.%(fileset)s('./node_modules/@mediapipe/%(package)s/wasm');
+  const task = await %(task)s.createFromOptions(fileset, {baseOptions: {modelAssetPath: './model.tflite'},
+                                                          maxResults: -1});
+  const rows = [];
+  for (const row of job.rows) {
+    const r = job.kind === 'image' ? task.classify(new ImageData(Uint8ClampedArray.from(row.rgba), row.width,
+                                                                   row.height))
+            : job.kind === 'audio' ? task.classify(Float32Array.from(row), job.rate)[0] : task.classify(row);
+    rows.push(r.classifications[0].categories.map(c => [c.index, c.score]));
+  }
+  await post({ok: true, rows});
+} catch (e) {
+  await post({ok: false, error: String((e && e.message) || e)});
+}
+</script>"""
 
 
 def _raw(app: AppIO, rows: list[list[np.ndarray]]) -> tuple[str, dict, list[list[np.ndarray]], dict]:
@@ -46,8 +75,36 @@ def _raw(app: AppIO, rows: list[list[np.ndarray]]) -> tuple[str, dict, list[list
     return "text", {"texts": texts}, rows, {"sentences": texts[:3]}
 
 
+def web_scores(model: bytes, kind: str, raw: dict, rate: int | None, width: int) -> np.ndarray:
+    """The raw rows through MediaPipe Tasks for the web in headless Chromium (the page server and
+    browser the web target's LiteRT.js runs use) -> scores (rows x classes)."""
+    package, bundle, fileset = WEB_PACKAGES[kind]
+    if kind == "image":
+        rows = [{"rgba": np.concatenate([p, np.full(p.shape[:2] + (1,), 255, np.uint8)], -1).ravel().tolist(),
+                 "width": int(p.shape[1]), "height": int(p.shape[0])} for p in raw["pixels"]]
+    else:
+        rows = [w.tolist() for w in raw["waveforms"]] if kind == "audio" else list(raw["texts"])
+    with tempfile.TemporaryDirectory(prefix="tpu-pipeline-mediapipe-web-") as d:
+        site = Path(d) / "site"
+        site.mkdir()
+        (site / "model.tflite").write_bytes(model)
+        (site / "node_modules").symlink_to(browser.litertjs_dir())
+        (site / "index.html").write_text(_PAGE % {"task": TASKS[kind], "package": package, "bundle": bundle,
+                                                  "fileset": fileset})
+        (site / "job.json").write_text(json.dumps({"kind": kind, "rows": rows, "rate": rate}))
+        result = browser._serve_and_wait(site, Path(d) / "profile", WEB_TIMEOUT_S)  # noqa: SLF001 - its page server
+    if not result.get("ok"):
+        raise ConversionError(f"MediaPipe {TASKS[kind]} for the web: {result.get('error', 'no result')}")
+    scores = np.zeros((len(rows), width), np.float32)
+    for i, cats in enumerate(result["rows"]):
+        for index, score in cats:
+            if index < width:
+                scores[i, index] = score
+    return scores
+
+
 def check(model: bytes, info: ModelInfo, app: AppIO, rows: list[list[np.ndarray]], task: TaskScore | None,
-          max_drop: float, bound_from: str) -> dict:
+          max_drop: float, bound_from: str, web: bool = False) -> dict:
     """The MediaPipe task on `rows` (the app graph's input space; the eval rows when `task` scores
     them) -> report.json's `client` figures, with "passed" and, when it fails, "reason". A client
     that refuses the file raises ConversionError (one line)."""
@@ -83,6 +140,22 @@ def check(model: bytes, info: ModelInfo, app: AppIO, rows: list[list[np.ndarray]
                     f"{list(app.image.mean)} std {list(app.image.std)}: are those the model's?)" if clipped > CLIPPED_HINT
                     else "")
             reasons.append(f"through MediaPipe {TASKS[kind]}: {t['reason']}{hint}")
+    if web:  # the web target's artifact also in MediaPipe Tasks for the web, in Chromium
+        why = browser.browser_unavailable()
+        if why:
+            out["web"] = {"skipped": why}
+        else:
+            got = web_scores(model, kind, raw, app.audio.rate if app.audio else None, width)
+            w = out["web"] = {"client": f"{WEB_CLIENT} {TASKS[kind]}", "top1_agreement_with_python":
+                              float((got.argmax(1) == scores.argmax(1)).mean()),
+                              "max_abs_vs_python": float(np.abs(got - scores).max(initial=0))}
+            if w["top1_agreement_with_python"] < MIN_AGREEMENT:
+                reasons.append(f"MediaPipe {TASKS[kind]} for the web agrees with its Python client on "
+                               f"{w['top1_agreement_with_python']:.1%} of top-1 classes (< {MIN_AGREEMENT:.0%})")
+            if task is not None:
+                t = w["task_score"] = task.judge([got], max_drop, f"{WEB_CLIENT} {TASKS[kind]}", bound_from)
+                if not t["passed"]:
+                    reasons.append(f"through MediaPipe {TASKS[kind]} for the web: {t['reason']}")
     out["passed"] = not reasons
     if reasons:
         out["reason"] = reasons[0]

@@ -538,7 +538,8 @@ class ModuleKind(ModelKind):
             if self.app.task is not None:
                 rows = self.eval_set.rows if self.task is not None else self.samples
                 bound, bound_from = self._max_drop(prof) if self.task is not None else (0.0, "")
-                app["client"] = c = app_client.check(model, r.info, self.app, rows, self.task, bound, bound_from)
+                app["client"] = c = app_client.check(model, r.info, self.app, rows, self.task, bound, bound_from,
+                                                     web=prof.browser_parity)
                 if not c["passed"]:
                     r.fail("parity", f"{prof.name}: {c['reason']}")
         except ConversionError as e:

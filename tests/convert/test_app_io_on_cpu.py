@@ -68,6 +68,8 @@ def test_image_classifier_from_a_pt2_loads_in_mediapipe(colours, tmp_path):
         t = client["task_score"]
         assert t["torch_score"] == pytest.approx(torch_acc) and t["drop"] <= t["max_drop"]
         assert mj["app"]["mediapipe"]["passed"] and mj["app"]["image"]["mean"] == [127.5]
+        if target == "web":  # the web verdict also ran MediaPipe Tasks for the web in Chromium
+            assert client["web"]["top1_agreement_with_python"] == 1.0 and client["web"]["task_score"]["passed"]
         assert mj["app"]["metadata"]["files"] == ["labels.txt"]
         with zipfile.ZipFile(out / target / "model.tflite") as z:  # the associated file, packed as apps read it
             assert z.read("labels.txt").decode().split() == list(colours.labels)
@@ -106,6 +108,7 @@ def test_audio_and_text_classifiers_load_in_mediapipe(which, tmp_path):
     task = "AudioClassifier" if which == "tones" else "TextClassifier"
     assert client["task"] == task and client["category_names"] == list(am.labels)
     assert client["task_score"]["score"] >= client["task_score"]["torch_score"] - client["task_score"]["max_drop"]
+    assert client["web"]["top1_agreement_with_python"] == 1.0 and client["web"]["task_score"]["passed"]
     raw = ({"waveforms": np.stack(am.raw)} if which == "tones" else {"texts": list(am.raw)})
     scores = _mediapipe_scores(Path(t.artifact_path), "audio" if which == "tones" else "text", tmp_path, **raw)
     torch_acc = app_models.accuracy(am.module, am.eval_x, am.eval_y)
