@@ -90,8 +90,10 @@ class AppIO:
                 "TextClassifier" if self.text else None)
 
 
-def _pairs(spec: str, flag: str, allowed: Sequence[str]) -> tuple[str, dict[str, str]]:
-    """`NAME:key=value:key=value` -> (NAME, {key: value})."""
+def _pairs(spec: str, flag: str, allowed: Sequence[str], required: tuple[str, str] | None = None
+           ) -> tuple[str, dict[str, str]]:
+    """`NAME:key=value:key=value` -> (NAME, {key: value}); required: (key, what it is, like
+    "the sample rate"), the first allowed key's example value."""
     name, *rest = spec.split(":")
     if not name or "=" in name:
         raise UserError(f"{flag} {spec!r}: expected NAME first (the model input), like {flag} x:{allowed[0]}=...")
@@ -101,6 +103,8 @@ def _pairs(spec: str, flag: str, allowed: Sequence[str]) -> tuple[str, dict[str,
         if not eq or key not in allowed:
             raise UserError(f"{flag} {spec!r}: {part!r} is not one of {', '.join(k + '=...' for k in allowed)}")
         out[key] = value
+    if required and required[0] not in out:
+        raise UserError(f"{flag} {spec!r}: give {required[1]}, like {flag} {name}:{required[0]}=...")
     return name, out
 
 
@@ -131,9 +135,7 @@ def parse_audio(spec: str | AudioInput) -> AudioInput:
     if isinstance(spec, AudioInput):
         aud = spec
     else:
-        name, kv = _pairs(spec, "--audio", ("rate",))
-        if "rate" not in kv:
-            raise UserError(f"--audio {spec!r}: give the sample rate, like --audio {name}:rate=16000")
+        name, kv = _pairs(spec, "--audio", ("rate",), ("rate", "the sample rate in Hz"))
         try:
             aud = AudioInput(name=name, rate=int(kv["rate"]))
         except ValueError:
@@ -147,9 +149,7 @@ def parse_text(spec: str | TextInput) -> TextInput:
     if isinstance(spec, TextInput):
         txt = spec
     else:
-        name, kv = _pairs(spec, "--text", ("vocab",))
-        if "vocab" not in kv:
-            raise UserError(f"--text {spec!r}: give the tokenizer vocab, like --text {name}:vocab=vocab.txt")
+        name, kv = _pairs(spec, "--text", ("vocab",), ("vocab", "the tokenizer vocab file"))
         txt = TextInput(name=name, vocab=Path(kv["vocab"]))
     if txt.tokenizer not in TOKENIZERS:
         raise UserError(f"--text {txt.name}: tokenizer {txt.tokenizer!r} is not one of {', '.join(TOKENIZERS)}")
@@ -298,8 +298,8 @@ def from_manifest(d: dict, folder: Path, where: str) -> AppIO:
             raise UserError(f"{where}: app_io.{key} is a string as --{key} takes it")
     txt = None
     if d.get("text") is not None:
-        name, kv = _pairs(d["text"], "--text", ("vocab",))
-        txt = parse_text(TextInput(name=name, vocab=folder / kv.get("vocab", "")))
+        name, kv = _pairs(d["text"], "--text", ("vocab",), ("vocab", "the tokenizer vocab file"))
+        txt = parse_text(TextInput(name=name, vocab=folder / kv["vocab"]))
     labels = d.get("labels")
     if isinstance(labels, str):
         labels = folder / labels

@@ -106,7 +106,7 @@ def test_unreadable_vocab(tmp_path):
 def test_rate_of_zero(tmp_path):
     msg = _refused(tmp_path, Wave(), (torch.randn(1, 400),), audio="x:rate=0")
     assert msg == "--audio x: rate must be a positive number of Hz, not 0"
-    assert "give the sample rate" in _refused(tmp_path, Wave(), (torch.randn(1, 400),), audio="x")
+    assert "give the sample rate in Hz, like --audio x:rate=..." in _refused(tmp_path, Wave(), (torch.randn(1, 400),), audio="x")
 
 
 def test_other_inputs_that_cannot_work(tmp_path):
