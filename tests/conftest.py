@@ -29,6 +29,7 @@ LONG_FILES = (
     "tests/core/test_tpu_contract_on_cpu.py",  # the real torch-tpu, in .venv-tpu's children
     "tests/rl/test_resume_on_cpu.py",
     "tests/convert/test_app_io_on_cpu.py",  # five conversions, each target through MediaPipe Tasks' children
+    "tests/convert/test_hf_tasks_on_cpu.py",  # five HF folders trained and converted, one on android with MediaPipe
     "tests/train/test_resume_on_cpu.py",
 )
 
