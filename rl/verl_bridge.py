@@ -147,7 +147,10 @@ def hydra_overrides(cfg: RLConfig, *, train_file: Path, val_file: Path, policy_p
     a = resolve(alg)
     mod, fn = reward_location(t.reward)
     mini = max(1, t.prompts_per_step // t.minibatches)
-    micro = t.micro_batch_size or max(1, min(mini * r.n, 64))  # rows per forward/backward, as locally
+    # rows per forward/backward, as locally; VeRL splits each minibatch over its nnodes x n_gpus_per_node
+    # trainer processes, and each one's share must hold whole micro-batches
+    world = max(1, v.nnodes * v.n_gpus_per_node)
+    micro = t.micro_batch_size or max(1, min(mini * r.n // world, 64))
     ov = [
         f"algorithm.adv_estimator={a['adv_estimator']}",
         f"algorithm.norm_adv_by_std_in_grpo={_b(a['norm_adv_by_std_in_grpo'])}",

@@ -46,6 +46,10 @@ moves one fails a test, not a user:
    GPU/NPU by name (wrapped to count CPUs), and the vLLM server launch reads each trainer
    worker's `get_accelerator_ids()[resource][0]` for CUDA_VISIBLE_DEVICES (Ray lists only
    accelerators there: the wrapper adds "CPU": ["0"], a visible-device string the CPU ignores).
+   VeRL makes one STRICT_PACK placement group per node of its pool and counts on each node's
+   GPUs running out to spread them; CPUs rarely run out, so the placement groups VeRL creates
+   (`verl.single_controller.ray.base.placement_group`) are hinted to the alive nodes in turn
+   (Ray's `_soft_target_node_id`): `--nnodes 2` puts a trainer process on each of two nodes.
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ WRAPPED = (
     "verl.workers.rollout.base:_ROLLOUT_REGISTRY",
     "verl.single_controller.ray.base:ResourcePoolManager._check_resource_available",
     "ray.runtime_context:RuntimeContext.get_accelerator_ids",
+    "verl.single_controller.ray.base:placement_group",
     # VeRL's last update step, which the weight sync replaces while an update runs
     "vllm.model_executor.model_loader.utils:process_weights_after_loading",
     "vllm.model_executor.model_loader.reload:initialize_layerwise_reload",
@@ -347,6 +352,27 @@ def _cpu_accelerator_ids(get_ids):
     return wrapped
 
 
+def _spread_over_nodes(make_pg):
+    """Wrapper 5: VeRL's per-node placement groups, each hinted to the next alive node with CPUs."""
+    turn = [0]
+
+    @functools.wraps(make_pg)
+    def wrapped(*args, **kwargs):
+        if slot_resource() == "CPU" and kwargs.get("strategy") == "STRICT_PACK" and \
+                kwargs.get("_soft_target_node_id") is None:
+            import ray  # heavy: only VeRL's processes call this
+
+            nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU"))
+            if nodes:
+                CALLED.add("wrap.placement_group")
+                kwargs["_soft_target_node_id"] = nodes[turn[0] % len(nodes)]
+                turn[0] += 1
+        return make_pg(*args, **kwargs)
+
+    wrapped.__tpu_pipeline_wrapped__ = True
+    return wrapped
+
+
 _registered = None
 
 
@@ -365,8 +391,11 @@ def register():
         rollout_base._ROLLOUT_REGISTRY[VLLM_ROLLOUT_KEY] = CPU_ROLLOUT
         if slot_resource() == "CPU":
             from ray.runtime_context import RuntimeContext
+            from verl.single_controller.ray import base as ray_base
             from verl.single_controller.ray.base import ResourcePoolManager
 
+            if not getattr(ray_base.placement_group, "__tpu_pipeline_wrapped__", False):
+                ray_base.placement_group = _spread_over_nodes(ray_base.placement_group)
             if not getattr(ResourcePoolManager._check_resource_available, "__tpu_pipeline_wrapped__", False):
                 ResourcePoolManager._check_resource_available = _count_cpu_slots(
                     ResourcePoolManager._check_resource_available)

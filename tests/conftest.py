@@ -18,6 +18,7 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 # alone at the end.
 LONG_FILES = (
     "tests/rl/test_verl_launch_on_cpu.py",  # three real VeRL launches and a warm start
+    "tests/rl/test_ray_cluster_on_cpu.py",  # a two-node Ray cluster, a VeRL job across it, bad input against it
     "tests/rl/test_verl_weight_sync_on_cpu.py",  # vLLM's engine seven times, one per CPU GEMM path
     "tests/convert/test_lm_families_on_cpu.py",  # seven .litertlm exports in one child process
     "tests/convert/test_lm_export.py",

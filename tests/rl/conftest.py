@@ -41,6 +41,34 @@ def tiny_policy(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def verl_python() -> str:
+    """The interpreter VeRL's trainer runs on here (.venv-verl); skips where it is not installed."""
+    from tpu_pipeline.rl.verl_bridge import cpu_backend_missing, trainer_python
+
+    py = trainer_python()
+    missing = cpu_backend_missing(py)
+    if missing:
+        pytest.skip(f"the verl-cpu extra is not installed for {py} ({missing}); `make install` builds .venv-verl")
+    return py
+
+
+@pytest.fixture(scope="session")
+def verl_policy(tmp_path_factory) -> Path:
+    """The tiny Llama with head_dim 64 VeRL's launches train: vLLM's CPU attention has no kernel
+    for the shared tiny policy's head_dim 16 (test_vllm_that_cannot_load_the_policy_is_one_line_exit_6)."""
+    import torch
+
+    from tpu_pipeline.train.tasks import char_lm
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("verl_policy")
+    char_lm.build_model(hidden_size=128, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                        num_key_value_heads=2).save_pretrained(out)
+    char_lm.build_tokenizer().save_pretrained(out)
+    return out
+
+
 @pytest.fixture
 def test_rewards(monkeypatch):
     """Makes tests/rl/rewards_for_tests.py importable as `rewards_for_tests`."""

@@ -14,17 +14,6 @@ import pytest
 import torch
 
 
-@pytest.fixture(scope="module")
-def verl_python():
-    from tpu_pipeline.rl.verl_bridge import cpu_backend_missing, trainer_python
-
-    py = trainer_python()
-    missing = cpu_backend_missing(py)
-    if missing:
-        pytest.skip(f"the verl-cpu extra is not installed for {py} ({missing}); `make install` builds .venv-verl")
-    return py
-
-
 def test_device_index_is_a_cpu_device_that_formats_as_0():
     from tpu_pipeline.rl.verl_cpu_platform import CPU_DEVICE, CpuIndex
 

@@ -172,22 +172,6 @@ def _need_the_extra():
         pytest.skip(f"the verl-cpu extra is not installed ({missing}); `make install` builds .venv-verl")
 
 
-@pytest.fixture(scope="module")
-def verl_policy(tmp_path_factory) -> Path:
-    """The rl tests' tiny Llama with head_dim 64: vLLM's CPU attention has no kernel for the
-    shared tiny policy's head_dim 16 (test_vllm_that_cannot_load_the_policy_is_one_line_exit_6)."""
-    import torch
-
-    from tpu_pipeline.train.tasks import char_lm
-
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("verl_policy")
-    char_lm.build_model(hidden_size=128, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
-                        num_key_value_heads=2).save_pretrained(out)
-    char_lm.build_tokenizer().save_pretrained(out)
-    return out
-
-
 def _worker_pids(tag: str) -> list[int]:
     """VeRL's FSDP actor processes (Ray names them ray::WorkerDict...) of the run tagged `tag`."""
     pids = []
