@@ -128,7 +128,11 @@ def build(req: dict) -> bytes:
                                       fb.AssociatedFileType.TENSOR_AXIS_LABELS)]
     if out.get("probabilities"):
         tout.stats = _stats(fb, [0.0], [1.0])
-    sub.inputTensorMetadata, sub.outputTensorMetadata = [tin], [tout]
+    # one TensorMetadata per subgraph tensor (MetadataPopulator checks the counts): the described input
+    # and the labelled output at their positions, the others bare (a labels-only model of several inputs)
+    sub.inputTensorMetadata = [tin] + [fb.TensorMetadataT() for _ in range(req.get("n_inputs", 1) - 1)]
+    sub.outputTensorMetadata = [fb.TensorMetadataT() for _ in range(req.get("n_outputs", 1))]
+    sub.outputTensorMetadata[req.get("output_position", 0)] = tout
     m = fb.ModelMetadataT()
     for key, attr in (("name", "name"), ("description", "description"), ("version", "version"),
                       ("author", "author"), ("license", "license")):

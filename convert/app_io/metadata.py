@@ -20,9 +20,11 @@ LABELS_FILE = "labels.txt"
 VOCAB_FILE = "vocab.txt"
 
 
-def request(app: AppIO, input_dtype: str) -> dict:
-    """The metadata to write, as the worker takes it (plain JSON)."""
-    info = {"version": "1", **app.info}
+def request(app: AppIO, info) -> dict:
+    """The metadata to write, as the worker takes it (plain JSON); info: the artifact's ModelInfo
+    (its tensors' count and order)."""
+    input_dtype = info.inputs[0].dtype
+    fields = {"version": "1", **app.info}
     spec = app.input
     if app.image is not None:
         img = app.image
@@ -41,13 +43,14 @@ def request(app: AppIO, input_dtype: str) -> dict:
         inp = {"kind": None, "name": "input", "description": ""}
     out = {"name": "probability" if app.labels else "scores", "description": "class scores, index = class",
            "labels_file": LABELS_FILE if app.labels else None, "probabilities": app.labels is not None}
-    return {"op": "write", "metadata": {**info, "input": inp, "output": out}}
+    return {"op": "write", "metadata": {**fields, "input": inp, "output": out}, "n_inputs": len(info.inputs),
+            "n_outputs": len(info.outputs), "output_position": info.outputs[0].position}
 
 
-def write(model: bytes, app: AppIO, input_dtype: str) -> tuple[bytes, dict]:
+def write(model: bytes, app: AppIO, info) -> tuple[bytes, dict]:
     """`model` with the metadata and its associated files -> (the bytes, the metadata as MediaPipe's
     reader shows it: {"json": ..., "files": [...]})."""
-    req = request(app, input_dtype)
+    req = request(app, info)
     with tempfile.TemporaryDirectory(prefix="tpu-pipeline-metadata-") as d:
         d = Path(d)
         (d / "in.tflite").write_bytes(model)

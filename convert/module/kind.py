@@ -531,7 +531,7 @@ class ModuleKind(ModelKind):
             return r
         clock_t = time.perf_counter()
         try:
-            model, shown = app_metadata.write(r.artifact.model, self.app, r.info.inputs[0].dtype)
+            model, shown = app_metadata.write(r.artifact.model, self.app, r.info)
             r.artifact, r.size_bytes = dataclasses.replace(r.artifact, model=model), len(model)
             app = r.parity["app"] = {"metadata": {k: shown["json"].get(k) for k in ("name", "min_parser_version")}
                                      | {"files": shown["files"], "read_back_by": "MediaPipe MetadataDisplayer"}}

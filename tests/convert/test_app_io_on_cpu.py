@@ -145,3 +145,26 @@ def test_a_client_that_cannot_load_fails_the_target(colours, tmp_path, monkeypat
     assert not t.passed and t.failure == "conversion" and r.exit_code == 3
     assert t.errors == ["desktop: the app client refuses the artifact: TFLite metadata: ModuleNotFoundError: "
                         "No module named 'mediapipe'"]
+
+
+class TwoInputs(torch.nn.Module):
+    """Labels alone on a model MediaPipe has no task for (two inputs): metadata still names the classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, a, b):
+        return self.fc(a + b)
+
+
+def test_labels_alone_on_a_model_of_two_inputs(tmp_path):
+    torch.manual_seed(0)
+    r = tc.convert(TwoInputs().eval(), (torch.randn(1, 8), torch.randn(1, 8)), targets="desktop",
+                   out=tmp_path / "dist", labels=["a", "b", "c"], latency=False, progress=False)
+    t = r["desktop"]
+    assert t.passed, t.errors
+    assert t.parity["app"]["metadata"]["files"] == ["labels.txt"] and "client" not in t.parity["app"]
+    with zipfile.ZipFile(t.artifact_path) as z:
+        assert z.read("labels.txt").decode().split() == ["a", "b", "c"]
+    assert any("softmax appended to output 0 (3 labels given)" in n for n in r.report["notes"])
