@@ -267,8 +267,10 @@ class ModuleKind(ModelKind):
                 self.notes.append(lstm_int8.NOTE)
             return self._noted(Artifact(model=lstm_int8.full_integer(float_model.model, self.calib), precision=precision))
         model = quantize(float_model.model, precision, self.calib)
-        if precision == "static_int8_float_io" and self.calib:
-            source = float_model.model
+        if precision in ("dynamic_int8", "static_int8_float_io") and (self.calib or precision == "dynamic_int8"):
+            # ops XNNPACK runs in float but not in this int8 form (dynamic int8's DEPTHWISE_CONV_2D, static
+            # int8's BATCH_MATMUL, SOFTMAX ...) kept float32 when that measures faster
+            source, row = float_model.model, (self.calib or [self._keyed(float_model.model, self.samples[0])])[0]
             model, rec = whole_on_xnnpack(source, model, lambda scopes: quantize(
                 source, precision, self.calib, keep_float=scopes), self.calib[0])
             if (note := f"static_int8_float_io: {rec['why']} (precision/xnnpack_int8.py)") not in self.notes:
@@ -278,6 +280,11 @@ class ModuleKind(ModelKind):
             if LSTM_INT8_NOTE not in self.notes:
                 self.notes.append(LSTM_INT8_NOTE)
         return self._noted(Artifact(model=model, precision=precision))
+
+    @staticmethod
+    def _keyed(model: bytes, sample: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """A parity sample as {input key: array} in the artifact's dtypes (what the quantizer's rows are)."""
+        return {t.key: np.asarray(x).astype(t.dtype) for x, t in zip(sample, inspect_model(model).inputs)}
 
     def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str]) -> Artifact:
         float_model, precision = self._source(float_model, precision)

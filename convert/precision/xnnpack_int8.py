@@ -1,5 +1,9 @@
-"""Static int8 for XNNPACK (static_int8_float_io): the int8 graph, or the int8 graph with the
-ops XNNPACK has no int8 kernel for kept in float32, whichever measures faster.
+"""Int8 for XNNPACK (static_int8_float_io, dynamic_int8): the int8 graph, or the int8 graph with
+the ops XNNPACK has no kernel for in that int8 form kept in float32, whichever measures faster.
+
+Dynamic int8: XNNPACK runs the quantizer's hybrid FULLY_CONNECTED and CONV_2D (int8 weights,
+activations quantized on the fly) but not its hybrid DEPTHWISE_CONV_2D: on MobileNetV2 (128 px)
+the 17 depthwise convs went to TFLite's builtin kernel and split the graph into 18 partitions.
 
 XNNPACK (ai-edge-litert 2.3) takes the quantizer's int8 CONV_2D, FULLY_CONNECTED, ADD, MEAN,
 QUANTIZE/DEQUANTIZE ..., but not int8 BATCH_MATMUL, SOFTMAX, GELU, RSQRT or LayerNorm's

@@ -132,3 +132,17 @@ def test_android_measures_static_int8_with_calibration_rows_only(tmp_path):
     r = tc.convert(net, x, targets="android", out=tmp_path / "b", samples=4, latency=False, refine_rounds=0)
     assert {c["precision"] for c in r["android"].candidates} == {"float16", "dynamic_int8"}
     assert any("static_int8_float_io not measured" in n for n in r.report["notes"])
+
+
+def test_dynamic_int8_depthwise_convs_left_outside_xnnpack_are_kept_float_when_faster():
+    torch.manual_seed(0)
+    dw = nn.Sequential(nn.Conv2d(3, 16, 1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU(),
+                       nn.Conv2d(16, 8, 1), nn.Flatten(), nn.Linear(8 * 12 * 12, 4))
+    fm, rows = _float_and_rows(dw, (1, 3, 12, 12))
+    dyn = quantize(fm, "dynamic_int8")
+    plan = xnnpack_plan(dyn)
+    assert plan["left"] == {"DEPTHWISE_CONV_2D": 1} and plan["partitions"] == 2, plan  # XNNPACK: no hybrid depthwise
+    model, rec = xnnpack_int8.whole_on_xnnpack(fm, dyn, lambda s: quantize(fm, "dynamic_int8", keep_float=s), rows[0])
+    assert rec["int8_with_float_ops"]["left"] == {} and rec["int8_with_float_ops"]["partitions"] == 1
+    faster = min(("int8", "int8_with_float_ops"), key=lambda k: rec[f"{k}_ms"])
+    assert rec["chosen"] == faster and (model is dyn) == (faster == "int8")
