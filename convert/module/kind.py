@@ -272,8 +272,8 @@ class ModuleKind(ModelKind):
             # int8's BATCH_MATMUL, SOFTMAX ...) kept float32 when that measures faster
             source, row = float_model.model, (self.calib or [self._keyed(float_model.model, self.samples[0])])[0]
             model, rec = whole_on_xnnpack(source, model, lambda scopes: quantize(
-                source, precision, self.calib, keep_float=scopes), self.calib[0])
-            if (note := f"static_int8_float_io: {rec['why']} (precision/xnnpack_int8.py)") not in self.notes:
+                source, precision, self.calib, keep_float=scopes), row)
+            if (note := f"{precision}: {rec['why']} (precision/xnnpack_int8.py)") not in self.notes:
                 self.notes.append(note)
         if precision in ("dynamic_int8", "static_int8_float_io") and lstm_count(model):  # the quantizer leaves fused LSTMs float32
             model = int8_weights(model)
