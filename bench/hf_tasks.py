@@ -2,10 +2,10 @@
 shipped precision, the task score on the artifact's runtime against PyTorch's through the same
 processor, and the whole convert's wall time against a bare litert-torch export of the same model.
 
-Folders: tiny ViT, BERT (sequence, token), Wav2Vec2 and Segformer trained here for seconds
+Folders: tiny ViT, BERT (sequence, token), Wav2Vec2, Segformer and DETR trained here for seconds
 (tpu_pipeline.testing.hf_task_folders), saved with save_pretrained beside their processors; raw
 eval data and a separate raw calibration set of the same kind (image folders, CSV/JSONL text, wav
-folder with labels.csv, images/ + masks/). The bare export is `litert_torch.convert(module,
+folder with labels.csv, images/ + masks/, images + boxes.csv). The bare export is `litert_torch.convert(module,
 sample_args).export(path)` of the HF model with its outputs as a tuple on the processor's example
 row (no parity, no variants, no checks): what a user scripting litert-torch would write first.
 
@@ -36,6 +36,7 @@ CASES = {  # builder, raw eval data, raw calibration data (other rows)
                  lambda d: hf.wav_folder(d / "calib", 16, seed=7)),
     "segformer": (hf.save_segformer, lambda d: hf.mask_folder(d / "eval", 32),
                   lambda d: hf.mask_folder(d / "calib", 16, seed=7)),
+    "detr": (hf.save_detr, lambda d: hf.box_folder(d / "eval", 32), lambda d: hf.box_folder(d / "calib", 16, seed=7)),
 }
 
 

@@ -1,7 +1,7 @@
-"""Image task families: classification (ViT, DeiT, ConvNeXt, ResNet, ...) and semantic
-segmentation (Segformer, ...). Pixels go through the folder's own image processor, its Pillow
-backend: Transformers 5.10's AutoImageProcessor and its default backend need torchvision, which
-does not run beside the CPU torch here (docs/DESIGN.md)."""
+"""Image task families: classification (ViT, DeiT, ConvNeXt, ResNet, ...), semantic
+segmentation (Segformer, ...) and DETR-style object detection. Pixels go through the folder's
+own image processor, its Pillow backend: Transformers 5.10's AutoImageProcessor and its default
+backend need torchvision, which does not run beside the CPU torch here (docs/DESIGN.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tpu_pipeline.convert.app_io import ImageInput
 from tpu_pipeline.convert.hf import raw_data
 from tpu_pipeline.convert.hf.families import PREPROCESSOR, Rows, TaskFamily, preprocessor_config, register_family
 from tpu_pipeline.convert.tool_output import first_line
+from tpu_pipeline.convert.verdict import task_score
 from tpu_pipeline.errors import UserError
 
 def image_processor(folder):
@@ -152,3 +153,34 @@ class SemanticSegmentation(_ImageFamily):
             raise UserError(f"{flag} {path}: class {int(bad[0])} is not in the model's {classes} labels")
         # the model's logits are coarser than its input (Segformer: 1/4): the mask is scored at their size
         return np.asarray(Image.fromarray(m.astype(np.uint8)).resize(size, Image.NEAREST), np.int64)
+
+
+@register_family("object-detection")
+class ObjectDetection(_ImageFamily):
+    """DETR-style detectors (DetrForObjectDetection, ...): pixel_values -> class logits per query (the last
+    class: no object) and boxes (cx, cy, w, h in 0..1); images with boxes.csv, scored by mAP@0.5."""
+
+    auto_class, mapping = "AutoModelForObjectDetection", "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES"
+    output_names = ("logits", "pred_boxes")
+    output_kinds = {"logits": "logits", "pred_boxes": "regression"}
+
+    def rows(self, path: Path, flag: str) -> Rows:
+        items = raw_data.image_boxes(path, flag)
+        images = [raw_data.decode_image(it.value, flag) for it in items]
+        rows = [[p] for p in self._pixels(images)]
+        if all(it.label is None for it in items):
+            return Rows(rows, None, f"{flag} {path.name}/ ({len(items)} images, no boxes)")
+        labels = np.empty(len(items), object)
+        for i, (it, img) in enumerate(zip(items, images)):
+            h, w = img.shape[:2]
+            labels[i] = np.array([[raw_data.label_index(name, self.folder.label2id, where), x0 / w, y0 / h, x1 / w,
+                                   y1 / h] for name, x0, y0, x1, y1, where in it.label], np.float64).reshape(-1, 5)
+        n = sum(len(b) for b in labels)
+        return Rows(rows, labels, f"{flag} {path.name}/ ({len(items)} images, {n} boxes from {raw_data.BOXES_FILE}; "
+                                  f"{raw_data.IMAGE_DECODER} + {type(self.processor).__name__})")
+
+    def metric(self) -> task_score.Metric:
+        return task_score.map50(len(self.folder.labels))
+
+    def describe(self) -> dict:
+        return {**super().describe(), "boxes": "cx, cy, w, h in 0..1 of the image (pred_boxes)"}

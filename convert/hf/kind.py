@@ -2,7 +2,7 @@
 head of a family in families.py), converted by the folder alone. Its processor turns raw
 --eval-data and --calib (raw_data.py) into the rows PyTorch and every artifact run, id2label
 names the classes (labels by name through label2id), and the family says the task metric
-(accuracy, entity F1, mean IoU). From there it is a `module`: exported once, judged by its task
+(accuracy, entity F1, mean IoU, mAP@0.5). From there it is a `module`: exported once, judged by its task
 score with labels, else output by output (module/kind.py)."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ LM_ONLY = "applies to Hugging Face causal-LM folders only"
 
 @register_kind("hf-task")
 class HFTaskKind(ModuleKind):
-    """A Hugging Face task folder (image, text, token or audio classification, segmentation) found by
+    """A Hugging Face task folder (image, text, token or audio classification, segmentation, detection) found by
     config.json's architectures: raw data through the folder's processor, labels through id2label."""
 
     detect_order = 10  # after causal-lm (0), before the module catch-all (100)

@@ -118,6 +118,45 @@ def image_masks(path: Path, flag: str) -> list[Item]:
     return items
 
 
+BOXES_FILE = "boxes.csv"  # detection labels: file_name,label,x0,y0,x1,y1 (pixels of the file), a line per object
+
+
+def image_boxes(path: Path, flag: str) -> list[Item]:
+    """Images with boxes.csv; an image without a line has no objects. label: [(name, x0, y0, x1, y1), ...]."""
+    _exists(path, flag)
+    if not path.is_dir():
+        raise UserError(f"{flag} {path}: a detection model takes a folder of images (with {BOXES_FILE} for labels)")
+    files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise UserError(f"{flag} {path}: no image files ({', '.join(IMAGE_SUFFIXES)})")
+    table = path / BOXES_FILE
+    if not table.is_file():
+        return [Item(str(f), f) for f in files]
+    try:
+        lines = [r for r in csv.reader(table.read_text(encoding="utf-8").splitlines())
+                 if r and any(c.strip() for c in r)]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise UserError(f"{flag} {table}: cannot be read ({type(e).__name__})") from None
+    if lines and lines[0][0].strip().lower() == "file_name":
+        lines = lines[1:]
+    boxes: dict[str, list] = {f.name: [] for f in files}
+    for i, r in enumerate(lines, 1):
+        where = f"{flag} {table} line {i}"
+        if len(r) != 6:
+            raise UserError(f"{where}: expected file_name,label,x0,y0,x1,y1, got {','.join(r)!r}")
+        name = r[0].strip()
+        if name not in boxes:
+            raise UserError(f"{where}: {name!r} is no image file of {path}")
+        try:
+            x0, y0, x1, y1 = (float(v) for v in r[2:])
+        except ValueError:
+            raise UserError(f"{where}: the box x0,y0,x1,y1 must be numbers") from None
+        if x1 <= x0 or y1 <= y0:
+            raise UserError(f"{where}: an empty box (x1 <= x0 or y1 <= y0)")
+        boxes[name].append((r[1].strip(), x0, y0, x1, y1, where))
+    return [Item(str(f), f, boxes[f.name]) for f in files]
+
+
 def texts(path: Path, flag: str) -> list[Item]:
     _exists(path, flag)
     if path.suffix.lower() == ".csv":

@@ -122,6 +122,59 @@ def entity_f1(names: tuple[str, ...], ignore: int = -100) -> Metric:
                                                             "each word's first sub-token")
 
 
+def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """IoU of one x0,y0,x1,y1 box with each row of `boxes`."""
+    w = np.clip(np.minimum(box[2], boxes[:, 2]) - np.maximum(box[0], boxes[:, 0]), 0, None)
+    h = np.clip(np.minimum(box[3], boxes[:, 3]) - np.maximum(box[1], boxes[:, 1]), 0, None)
+    inter = w * h
+    area = (box[2] - box[0]) * (box[3] - box[1]) + (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    return inter / np.maximum(area - inter, 1e-12)
+
+
+def map50(classes: int, iou: float = 0.5) -> Metric:
+    """Object detection, DETR-style: outputs [logits (N, Q, classes + 1; the last: no object),
+    boxes (N, Q, 4) cx,cy,w,h in 0..1]; labels: per image an array of (class, x0, y0, x1, y1) rows
+    in 0..1. Mean over the classes present of the average precision at IoU 0.5, COCO's way:
+    every query a detection scored by its best class probability, greedy matching by score, the
+    precision envelope read at 101 recall points (as pycocotools; not a dependency: it builds C)."""
+
+    def score(outputs, labels) -> float:
+        logits, boxes = np.asarray(outputs[0], np.float64), np.asarray(outputs[1], np.float64)
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p = (p / p.sum(-1, keepdims=True))[..., :-1]
+        cls, conf = p.argmax(-1), p.max(-1)
+        xyxy = np.concatenate([boxes[..., :2] - boxes[..., 2:] / 2, boxes[..., :2] + boxes[..., 2:] / 2], -1)
+        aps = []
+        for c in range(classes):
+            gts = [np.asarray(g).reshape(-1, 5) for g in labels]
+            n_gt = sum(int((g[:, 0] == c).sum()) for g in gts)
+            if n_gt == 0:
+                continue
+            dets = sorted(((conf[i, q], i, q) for i in range(len(gts)) for q in np.flatnonzero(cls[i] == c)),
+                          key=lambda d: -d[0])
+            used = [np.zeros(int((g[:, 0] == c).sum()), bool) for g in gts]
+            tp = []
+            for _, i, q in dets:
+                g = gts[i][gts[i][:, 0] == c, 1:]
+                ious = _iou(xyxy[i, q], g) if len(g) else np.zeros(0)
+                ious[used[i]] = -1
+                hit = len(ious) and ious.max() >= iou
+                if hit:
+                    used[i][ious.argmax()] = True
+                tp.append(bool(hit))
+            tps = np.cumsum(tp)
+            recall = tps / n_gt if tp else np.zeros(0)
+            precision = tps / np.arange(1, len(tp) + 1) if tp else np.zeros(0)
+            envelope = np.maximum.accumulate(precision[::-1])[::-1] if tp else np.zeros(0)
+            points = np.linspace(0, 1, 101)
+            k = np.searchsorted(recall, points, side="left")
+            aps.append(float(np.mean([envelope[j] if j < len(envelope) else 0.0 for j in k])))
+        return float(np.mean(aps)) if aps else 0.0
+
+    return Metric("map50", score, output=None, unit="AP", why="mAP@0.5 (COCO's 101-point interpolation) over the "
+                                                             "logits and pred_boxes outputs")
+
+
 def choose(spec, labels: np.ndarray, ref0: np.ndarray, kind: str, name: str, n_outputs: int) -> Metric:
     """The metric: the user's (`module:function` or a function), else the built-in for the first
     output's kind (ref0: that output stacked over the eval rows); UserError when none applies. A

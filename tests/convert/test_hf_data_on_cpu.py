@@ -187,3 +187,49 @@ def test_lm_only_options_are_refused(folders, tmp_path):
               "causal-LM", out=tmp_path / "o")
     _one_line(run(folders["vit"], "--input-shape", "1,3,32,32", "--out", tmp_path / "o"), "--input-shape",
               out=tmp_path / "o")
+
+
+def _detections(boxes_per_image, classes=2):
+    """[(class, score, cx, cy, w, h), ...] per image -> DETR-style (logits, pred_boxes), one query each."""
+    q = max(len(b) for b in boxes_per_image)
+    logits = np.full((len(boxes_per_image), q, classes + 1), -20.0)
+    logits[..., -1] = 20.0  # unused queries: no object
+    boxes = np.full((len(boxes_per_image), q, 4), 0.5)
+    for i, dets in enumerate(boxes_per_image):
+        for j, (c, s, cx, cy, w, h) in enumerate(dets):
+            logits[i, j] = -20.0
+            logits[i, j, c], logits[i, j, -1] = np.log(s), np.log(1 - s)
+            boxes[i, j] = (cx, cy, w, h)
+    return [logits, boxes]
+
+
+def _gt(*rows):
+    return np.array(rows, np.float64).reshape(-1, 5)
+
+
+def test_map50():
+    metric = task_score.map50(2)
+    labels = np.empty(2, object)
+    labels[0], labels[1] = _gt((0, 0.1, 0.1, 0.3, 0.3)), _gt((1, 0.5, 0.5, 0.9, 0.9))
+    exact = _detections([[(0, 0.9, 0.2, 0.2, 0.2, 0.2)], [(1, 0.8, 0.7, 0.7, 0.4, 0.4)]])
+    assert metric.fn(exact, labels) == pytest.approx(1.0)
+    wrong_class = _detections([[(1, 0.9, 0.2, 0.2, 0.2, 0.2)], [(1, 0.8, 0.7, 0.7, 0.4, 0.4)]])
+    # class 0 missed (AP 0); class 1 found, below a false positive scored higher (AP 0.5)
+    assert metric.fn(wrong_class, labels) == pytest.approx(0.25)
+    shifted = _detections([[(0, 0.9, 0.3, 0.3, 0.2, 0.2)], [(1, 0.8, 0.7, 0.7, 0.4, 0.4)]])  # IoU 1/7 < 0.5
+    assert metric.fn(shifted, labels) == pytest.approx(0.5)
+    # a confident false positive ranked above the true one halves class 0's precision at full recall
+    labels[1] = _gt((0, 0.5, 0.5, 0.9, 0.9))
+    ranked = _detections([[(0, 0.6, 0.2, 0.2, 0.2, 0.2)], [(0, 0.9, 0.2, 0.2, 0.2, 0.2), (0, 0.5, 0.7, 0.7, 0.4, 0.4)]])
+    # detections by score: FP (0.9), TP (0.6), TP (0.5): precision 1/2 then 2/3 at recalls 0.5, 1.0
+    assert metric.fn(ranked, labels) == pytest.approx(2 / 3)
+
+
+def test_box_labels_are_checked(tmp_path):
+    d = hf.box_folder(tmp_path / "boxes", 2)
+    (d / "boxes.csv").write_text("file_name,label,x0,y0,x1,y1\nscene_000.png,green,1,1,5,5\n")
+    folder = hf.save_detr(tmp_path / "detr", steps=1)
+    _one_line(run(folder, "--eval-data", d, "--out", tmp_path / "o"), str(d / "boxes.csv"), "line 1", "'green'",
+              out=tmp_path / "o")
+    (d / "boxes.csv").write_text("scene_000.png,red,5,1,1,5\n")
+    _one_line(run(folder, "--eval-data", d, "--out", tmp_path / "o"), "line 1", "empty box", out=tmp_path / "o")

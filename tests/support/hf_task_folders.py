@@ -296,3 +296,59 @@ def mask_folder(out: Path, n: int = 12, *, seed: int = 1) -> Path:
         Image.fromarray(img).save(out / "images" / f"scene_{i:03d}.png")
         Image.fromarray(mask).save(out / "masks" / f"scene_{i:03d}.png")
     return out
+
+
+# ---------------------------------------------------------------- detection
+
+OBJECTS = ("red", "blue")
+
+
+def object_scene(rng: np.random.Generator, size: int = IMAGE) -> tuple[np.ndarray, int, tuple[int, int, int, int]]:
+    """A grey image with one red or blue square: (image, class, (x0, y0, x1, y1) in pixels)."""
+    img = rng.integers(60, 140, (size, size, 3)).astype(np.uint8)
+    label = int(rng.integers(0, 2))
+    s = int(rng.integers(size // 4, size // 2))
+    y, x = (int(v) for v in rng.integers(0, size - s, 2))
+    img[y:y + s, x:x + s] = 30
+    img[y:y + s, x:x + s, 0 if label == 0 else 2] = 230
+    return img, label, (x, y, x + s, y + s)
+
+
+def save_detr(out: Path, *, steps: int = 60, seed: int = 0) -> Path:
+    from transformers import DetrConfig, DetrForObjectDetection, DetrImageProcessorPil, ResNetConfig
+
+    torch.manual_seed(seed)
+    backbone = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], out_features=["stage2"],
+                            layer_type="basic")
+    cfg = DetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False, d_model=32,
+                     encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                     encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=4, num_labels=2,
+                     id2label=dict(enumerate(OBJECTS)), label2id={o: i for i, o in enumerate(OBJECTS)})
+    model = DetrForObjectDetection(cfg)
+    proc = DetrImageProcessorPil(size={"height": IMAGE, "width": IMAGE}, do_pad=False)
+    rng = np.random.default_rng(seed)
+    scenes = [object_scene(rng) for _ in range(128)]
+    x = proc([s[0] for s in scenes], return_tensors="pt")["pixel_values"]
+    def cxcywh(b):  # DETR's targets: centre and size in 0..1
+        return [(b[0] + b[2]) / 2 / IMAGE, (b[1] + b[3]) / 2 / IMAGE, (b[2] - b[0]) / IMAGE, (b[3] - b[1]) / IMAGE]
+
+    targets = [{"class_labels": torch.tensor([c]), "boxes": torch.tensor([cxcywh(b)], dtype=torch.float32)}
+               for _, c, b in scenes]
+    _fit(model, lambda s: {"pixel_values": x[s * 16 % 128:][:16], "labels": targets[s * 16 % 128:][:16]}, steps,
+         lr=1e-3)
+    model.save_pretrained(out)
+    proc.save_pretrained(out)
+    return out
+
+
+def box_folder(out: Path, n: int = 12, *, seed: int = 1) -> Path:
+    """Images and boxes.csv (file_name,label,x0,y0,x1,y1 in pixels)."""
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    lines = ["file_name,label,x0,y0,x1,y1"]
+    for i in range(n):
+        img, label, box = object_scene(rng)
+        Image.fromarray(img).save(out / f"scene_{i:03d}.png")
+        lines.append(f"scene_{i:03d}.png,{OBJECTS[label]},{','.join(map(str, box))}")
+    (out / "boxes.csv").write_text("\n".join(lines) + "\n")
+    return out
