@@ -48,17 +48,6 @@ def sync_policy(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def verl_python() -> str:
-    from tpu_pipeline.rl.verl_bridge import cpu_backend_missing, trainer_python
-
-    python = trainer_python()
-    missing = cpu_backend_missing(python)
-    if missing:
-        pytest.skip(f"the verl-cpu extra is not installed ({missing}); `make install` builds .venv-verl")
-    return python
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("path", list(PATHS))
 def test_every_update_reaches_every_layer_of_the_rollout(path, sync_policy, verl_python, private_tmp):
