@@ -46,8 +46,8 @@ from tpu_pipeline.convert.precision.quantize import CALIBRATED, RANGE_ESTIMATORS
 from tpu_pipeline.convert.report import render_html
 from tpu_pipeline.convert.result import Artifact, ConvertResult, Parity, TargetResult
 from tpu_pipeline.convert.runtimes import browser, overlap
-from tpu_pipeline.convert.runtimes.litert import gpu_worker_ahead
 from tpu_pipeline.convert.runtimes.delegation import splits_more, xnnpack_plan
+from tpu_pipeline.convert.runtimes.litert import gpu_worker_ahead
 from tpu_pipeline.convert.snippets import write_snippet
 from tpu_pipeline.convert.targets import TargetProfile, load_profiles, resolve_targets
 from tpu_pipeline.convert.tflite_info import inspect_model, module_path
@@ -341,13 +341,13 @@ class _Run:
     gate: str | None = None  # the profile the float32 export was judged as; its target inherits the gate's timings
     gate_timings: dict[str, float] = dataclasses.field(default_factory=dict)
     ranges: dict[str, dict] = dataclasses.field(default_factory=dict)  # variant key -> int8_ranges.clipping
-
     plans: dict[str, dict] = dataclasses.field(default_factory=dict)  # variant key -> delegation.xnnpack_plan
 
     def xnnpack(self, key: str, art: Artifact) -> dict:
         if key not in self.plans:
             self.plans[key] = xnnpack_plan(art.model)
         return self.plans[key]
+
     def variant(self, precision: str, clock: _Clock) -> Artifact:
         if precision not in self.variants:
             if precision != "float32":
@@ -444,9 +444,9 @@ def _target(prof: TargetProfile, run: _Run, gate: Parity | None) -> TargetResult
                               "latency_ms": (t.latency_ms or {}).get("artifact"), "failure": t.failure,
                               "cosine": (t.parity or {}).get("cosine"), "errors": t.errors[:1],
                               **(t.parity or {}).get("lm_recipe", {}),
-                              "chosen": t is winner} for t in tries]
                               "xnnpack_partitions": (t.xnnpack or {}).get("partitions"),
                               "ops_outside_xnnpack": (t.xnnpack or {}).get("left"),
+                              "chosen": t is winner} for t in tries]
         winner.chosen_because = why
         run.say(f"{prof.name}: {winner.quantization} ({why})")
     if not winner.passed and winner.failure == "parity":
@@ -622,9 +622,9 @@ def _attempt(prof: TargetProfile, precision: str, run: _Run, keep_float: tuple[s
                                             range_estimator=range_estimator), precision=precision))
         art = r.artifact = run.variant(key, clock)
         r.info, r.size_bytes = inspect_model(art.model), len(art.model)
-        run.say(f"{prof.name}: compatibility checks ({precision})")
         if prof.runtime == "ai-edge-litert" and isinstance(run.model, ModuleKind):
             _xnnpack(r, key, art, run)
+        run.say(f"{prof.name}: compatibility checks ({precision})")
         with clock("checks"):
             comp = checks.check(prof, art.model, r.info)
         r.compatibility = comp.to_json()
@@ -651,7 +651,6 @@ def _attempt(prof: TargetProfile, precision: str, run: _Run, keep_float: tuple[s
     return r
 
 
-def _clipping(run: _Run, key: str, art: Artifact) -> dict:
 def _xnnpack(r: TargetResult, key: str, art: Artifact, run: _Run) -> None:
     """The phone's CPU plan of this variant (XNNPACK's partitions, the ops left to other kernels) on
     r, with a warning when it splits the graph further than the float32 export; a plan that cannot be
@@ -668,6 +667,7 @@ def _xnnpack(r: TargetResult, key: str, art: Artifact, run: _Run) -> None:
         r.warnings.append(f"{r.quantization}: {split}")
 
 
+def _clipping(run: _Run, key: str, art: Artifact) -> dict:
     """int8_ranges.clipping of this variant on the parity rows, once per variant; a check that cannot
     run says why (it never decides a verdict: parity does)."""
     if key not in run.ranges:

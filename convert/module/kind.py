@@ -225,14 +225,14 @@ class ModuleKind(ModelKind):
 
     def candidates(self, profile: TargetProfile) -> list[str]:
         precisions = list(profile.precisions) or [profile.precision]
-        if self._unfused is not None and profile.browser_parity:
-            return [p + UNROLLED for p in precisions]  # LiteRT.js loads no fused LSTM (docs/DESIGN.md)
         if self.calib_data is None and len(precisions) > 1 and OPTIONAL_INT8 in precisions:
             # int8 activations calibrated on random inputs say nothing of real data: a phone's static int8
             # is measured only on rows the user gave (--calib, calibration=, the manifest's calibration_inputs)
             precisions.remove(OPTIONAL_INT8)
             if NO_CALIB_NOTE not in self.notes:
                 self.notes.append(NO_CALIB_NOTE)
+        if self._unfused is not None and profile.browser_parity:
+            return [p + UNROLLED for p in precisions]  # LiteRT.js loads no fused LSTM (docs/DESIGN.md)
         if self._unfused is not None and profile.runtime == "ai-edge-litert" and "dynamic_int8" not in precisions:
             # TFLite's float32 LSTM kernel runs 8 GEMV calls a step, as slow as its reference kernel and
             # slower than PyTorch eager on x86 for wide LSTMs; the hybrid one (int8 gate weights) ran 1.9x
