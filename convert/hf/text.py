@@ -74,6 +74,11 @@ class SequenceClassification(_TextFamily):
 
     auto_class, mapping = "AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"
 
+    def app_io(self) -> dict:
+        # the labels: app_io writes MediaPipe's regex tokenizer only, not yet BERT's WordPiece metadata, so no
+        # text input is described and no MediaPipe TextClassifier check runs
+        return {"labels": self.labels()}
+
     def rows(self, path: Path, flag: str) -> Rows:
         items = raw_data.texts(path, flag)
         rows, _ = self._encode([it.value for it in items])
