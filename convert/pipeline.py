@@ -642,6 +642,7 @@ def _attempt(prof: TargetProfile, precision: str, run: _Run, keep_float: tuple[s
                 r.parity["int8_ranges"] = _clipping(run, key, art)
         if run.o.latency:
             r.latency_ms = run.latency(key, art, r.info, clock)
+            _why_slower(r)
     except ConversionError as e:
         r.fail("conversion", str(e))
     except UserError:
@@ -665,6 +666,15 @@ def _xnnpack(r: TargetResult, key: str, art: Artifact, run: _Run) -> None:
     if key.split("+")[0] != "float32" and (split := splits_more(plan, base)):
         r.xnnpack["splits_more_than_float32"] = split
         r.warnings.append(f"{r.quantization}: {split}")
+
+
+def _why_slower(r: TargetResult) -> None:
+    """An artifact slower than PyTorch eager names the ops XNNPACK left to TFLite's other kernels,
+    where the time usually goes (a fused LSTM's sequence kernel: docs/BENCHMARKS.md, recurrent layers)."""
+    lat, left = r.latency_ms or {}, (r.xnnpack or {}).get("left")
+    if left and lat.get("speedup_vs_torch") and lat["speedup_vs_torch"] < 1:
+        lat["slower_than_torch"] = (f"{1 / lat['speedup_vs_torch']:.2f}x PyTorch eager's time; ops outside XNNPACK, "
+                                    "on TFLite's builtin kernels: " + ", ".join(f"{op} x{n}" for op, n in left.items()))
 
 
 def _clipping(run: _Run, key: str, art: Artifact) -> dict:

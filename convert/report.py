@@ -349,6 +349,8 @@ def _cards(report: dict) -> str:
             per = " per token" if "unit" in lat else ""
             ratio = f"{speed:.1f}x faster" if speed >= 1 else f"{1 / speed:.1f}x slower"
             lat_s = f"{lat['artifact']:.3g} ms{per} vs PyTorch {lat['torch_eager']:.3g} ms ({ratio})"
+            if lat.get("slower_than_torch"):
+                lat_s += f"; {lat['slower_than_torch']}"
         else:
             lat_s = "latency not measured"
         task = p.get("task_score") or {}

@@ -146,3 +146,32 @@ def test_dynamic_int8_depthwise_convs_left_outside_xnnpack_are_kept_float_when_f
     assert rec["int8_with_float_ops"]["left"] == {} and rec["int8_with_float_ops"]["partitions"] == 1
     faster = min(("int8", "int8_with_float_ops"), key=lambda k: rec[f"{k}_ms"])
     assert rec["chosen"] == faster and (model is dyn) == (faster == "int8")
+
+
+class _LSTMClassifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(8, 16, batch_first=True), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0][:, -1])
+
+
+def test_an_artifact_slower_than_pytorch_names_the_ops_outside_xnnpack(tmp_path):
+    from tpu_pipeline.convert.pipeline import _why_slower
+
+    torch.manual_seed(0)
+    r = tc.convert(_LSTMClassifier().eval(), (torch.randn(1, 20, 8),), targets="desktop", out=tmp_path, samples=4)
+    desktop = r["desktop"]
+    # the sequence LSTM and the one-step LSTM that resets its state
+    assert desktop.xnnpack["left"] == {"UNIDIRECTIONAL_SEQUENCE_LSTM": 2}, desktop.xnnpack
+    lat = desktop.latency_ms
+    # whichever side of PyTorch this box measured, the note is there exactly when the artifact is slower
+    assert ("slower_than_torch" in lat) == (lat["speedup_vs_torch"] < 1), lat
+    for speedup, said in ((0.5, True), (2.0, False)):
+        desktop.latency_ms = {"artifact": 1.0, "torch_eager": speedup, "speedup_vs_torch": speedup}
+        _why_slower(desktop)
+        note = desktop.latency_ms.get("slower_than_torch")
+        assert (note is not None) == said
+        if said:
+            assert note.startswith("2.00x PyTorch eager's time") and "UNIDIRECTIONAL_SEQUENCE_LSTM x2" in note, note
