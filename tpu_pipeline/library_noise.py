@@ -8,7 +8,9 @@ accelerator registry and LiteRT-LM's loader lines, Transformers' "Loading weight
 model shards" bars, and torch's FutureWarnings raised from inside its own modules (a .pt2's
 `LeafSpec`).
 
-- The CLI quiets the whole process once (`quiet_process`, from its entry point).
+- The CLI quiets the whole process once (`quiet_process`, from its entry point); its filter is a
+  small child process that reads until the last writer is gone, because LiteRT's C++ destructors
+  write ("DestroyAccelerator") after Python's atexit handlers, when a thread could no longer read.
 - The Python API quiets each public call while it runs (`quieted`, a context manager and
   decorator): a script or notebook then shows only the tool's own lines, and everything the user
   prints or logs outside those calls is untouched.
@@ -29,6 +31,7 @@ import contextlib
 import logging
 import os
 import re
+import subprocess
 import sys
 import threading
 import warnings
@@ -46,9 +49,13 @@ NATIVE_NOISE = re.compile(
     rb"|W\d{4} [\d:.]+ +\d+ litert_lm_loader\.cc:\d+\] .*"  # LiteRT-LM: optional bundle sections "not found"
     rb"|INFO: Created TensorFlow Lite XNNPACK delegate for CPU\."
     rb"|INFO: \[[\w./-]+:\d+\] .*"  # LiteRT's own INFO lines ("[accelerator_registry.cc:43] DestroyAccelerator")
+    rb"|WARNING: Logging before InitGoogle\(\) is written to STDERR"  # LiteRT-LM's engine
+    # LiteRT-LM looks for an NPU on every host and says so when there is none; the bundle runs on CPU
+    rb"|WARNING: \[npu_registry\.cc:\d+\] NPU accelerator could not be loaded and registered: kLiteRtStatusErrorNotFound\."
 )
 
-_NOISE_HEADS = (b"WARNING: All log messages before absl", b"INFO: Created TensorFlow Lite XNNPACK", b"INFO: [")
+_NOISE_HEADS = (b"WARNING: All log messages before absl", b"INFO: Created TensorFlow Lite XNNPACK", b"INFO: [",
+                b"WARNING: Logging before InitGoogle", b"WARNING: [npu_registry.cc:")
 
 # Transformers (and huggingface_hub) read this when imported, in this process and in children.
 _NO_BARS = "HF_HUB_DISABLE_PROGRESS_BARS"
@@ -70,7 +77,7 @@ def quiet_process() -> None:
     _dependency_warnings_off()
     os.environ[_NO_BARS] = "1"
     _transformers_bars(False)
-    atexit.register(_filter_fd2())
+    _filter_fd2_until_exit()
 
 
 @contextlib.contextmanager
@@ -185,6 +192,21 @@ def _filter_fd2():
     return restore
 
 
+def _filter_fd2_until_exit() -> None:
+    read_end, write_end = os.pipe()
+    sys.stderr.flush()
+    try:
+        # its own session: the terminal's Ctrl-C reaches the command, not the filter that shows its last lines
+        subprocess.Popen([sys.executable, "-I", "-S", __file__], stdin=read_end, stdout=2, start_new_session=True)
+    except OSError:  # no interpreter to start (a frozen or unusual host): the thread filter, undone at exit
+        os.close(read_end), os.close(write_end)
+        atexit.register(_filter_fd2())
+        return
+    os.close(read_end)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+
 def _pump(read_end: int, terminal: int) -> None:
     pending = b""
     while chunk := os.read(read_end, 65536):
@@ -207,3 +229,7 @@ def _may_be_noise(partial: bytes) -> bool:
     if re.match(rb"[IW]\d{4} ", partial):
         return True
     return any(head.startswith(partial[:len(head)]) for head in _NOISE_HEADS)
+
+
+if __name__ == "__main__":  # the CLI's filter process (_filter_fd2_until_exit): stdin is the pipe, stdout the terminal
+    _pump(0, 1)

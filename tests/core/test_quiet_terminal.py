@@ -42,10 +42,15 @@ def test_filter_drops_the_native_lines_and_keeps_the_rest():
         b"I0000 00:00:1796178701.434420   13817 port.cc:153] oneDNN custom operations are on. ...\n",
         b"  export: torch -> float32 .tflite\n",
         b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n",
+        b"WARNING: Logging before InitGoogle() is written to STDERR\n",
+        b"WARNING: [npu_registry.cc:34] NPU accelerator could not be loaded and registered: kLiteRtStatusErrorNotFound.\n",
+        b"WARNING: [npu_registry.cc:34] NPU accelerator could not be loaded and registered: kLiteRtStatusErrorInternal.\n",
         b"E1202 02:31:47.152000 13817 foo.cc:1] a native error stays\n",
         b"Traceback (most recent call last):\n  File \"x.py\", line 1\n",
     )
-    assert out == (b"  export: torch -> float32 .tflite\n" b"E1202 02:31:47.152000 13817 foo.cc:1] a native error stays\n"
+    assert out == (b"  export: torch -> float32 .tflite\n"
+                   b"WARNING: [npu_registry.cc:34] NPU accelerator could not be loaded and registered: kLiteRtStatusErrorInternal.\n"
+                   b"E1202 02:31:47.152000 13817 foo.cc:1] a native error stays\n"
                    b"Traceback (most recent call last):\n  File \"x.py\", line 1\n")
 
 
@@ -64,6 +69,24 @@ def test_filter_passes_a_partial_line_at_once():
 
 def test_filter_drops_a_noise_line_cut_in_two_and_keeps_one_that_only_starts_alike():
     assert pumped(b"INFO: Created TensorFlow", b" Lite XNNPACK delegate for CPU.\n", b"I", b"nterrupted.\n") == b"Interrupted.\n"
+
+
+# Registered before quiet_process(), so they run after its own exit handlers, as LiteRT's C++ destructors
+# write after all of Python's: a noise line dropped, a real last line kept, the command's line in between.
+AT_EXIT = """
+import atexit, os, sys
+atexit.register(os.write, 2, b"last words\\n")
+atexit.register(os.write, 2, b"INFO: [accelerator_registry.cc:43] DestroyAccelerator\\n")
+from tpu_pipeline.library_noise import quiet_process
+quiet_process()
+print("the command's line", file=sys.stderr)
+"""
+
+
+@pytest.mark.slow
+def test_the_cli_filter_drops_lines_written_as_the_process_ends():
+    run = subprocess.run([sys.executable, "-c", AT_EXIT], capture_output=True, timeout=120)
+    assert (run.returncode, run.stderr) == (0, b"the command's line\nlast words\n")
 
 
 @pytest.fixture(scope="module")
