@@ -26,8 +26,9 @@ import types
 import numpy as np
 
 # metadata_version.cc's member versions, for the members this writer uses (the rest stay 1.0.0)
-MIN_VERSIONS = {"vocabulary_file": "1.0.1", "input_process_units": "1.1.0", "regex_tokenizer": "1.2.1",
-                "audio_properties": "1.3.0"}
+MIN_VERSIONS = {"vocabulary_file": "1.0.1", "input_process_units": "1.1.0", "bert_tokenizer": "1.1.0",
+                "regex_tokenizer": "1.2.1", "audio_properties": "1.3.0"}
+TOKENIZER_VERSIONS = {"RegexTokenizerOptions": "regex_tokenizer", "BertTokenizerOptions": "bert_tokenizer"}
 
 
 def _version_of(buf) -> str:
@@ -40,17 +41,18 @@ def _version_of(buf) -> str:
             for f in t.associatedFiles or []:
                 if f.type == fb.AssociatedFileType.VOCABULARY:
                     used.add("vocabulary_file")
-            for pu in t.processUnits or []:
-                if pu.optionsType == fb.ProcessUnitOptions.RegexTokenizerOptions:
-                    used.add("regex_tokenizer")
+            used.update(_tokenizers(fb, t.processUnits))
             if t.content is not None and t.content.contentPropertiesType == fb.ContentProperties.AudioProperties:
                 used.add("audio_properties")
         if sub.inputProcessUnits:
             used.add("input_process_units")
-            for pu in sub.inputProcessUnits:
-                if pu.optionsType == fb.ProcessUnitOptions.RegexTokenizerOptions:
-                    used.add("regex_tokenizer")
+            used.update(_tokenizers(fb, sub.inputProcessUnits))
     return max([MIN_VERSIONS[u] for u in used] + ["1.0.0"], key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def _tokenizers(fb, units) -> set:
+    return {member for pu in units or [] for opt, member in TOKENIZER_VERSIONS.items()
+            if pu.optionsType == getattr(fb.ProcessUnitOptions, opt)}
 
 
 def _metadata_module():
@@ -94,6 +96,30 @@ def _stats(fb, lo, hi):
     return s
 
 
+BERT_INPUTS = {"ids": "Tokenized ids of the input text.",
+               "mask": "Mask with 1 for real tokens and 0 for padding tokens.",
+               "segment_ids": "0 for the first sequence, 1 for the second sequence if exists."}
+
+
+def _bert_inputs(fb, inp: dict, n_inputs: int) -> list:
+    """One TensorMetadata per input at its subgraph position, named as MediaPipe's BERT preprocessor finds them."""
+    tensors = [None] * n_inputs
+    for role, description in BERT_INPUTS.items():
+        t = tensors[inp["positions"][role]] = fb.TensorMetadataT()
+        t.name, t.description = role, description
+        t.content = _content(fb, "feature", inp)
+    return tensors
+
+
+def _bert_tokenizer(fb, vocab_file: str):
+    tok = fb.ProcessUnitT()
+    tok.optionsType = fb.ProcessUnitOptions.BertTokenizerOptions
+    tok.options = fb.BertTokenizerOptionsT()
+    tok.options.vocabFile = [_file(fb, vocab_file, "WordPiece vocabulary: one token a line, line index = id",
+                                   fb.AssociatedFileType.VOCABULARY)]
+    return tok
+
+
 def build(req: dict) -> bytes:
     from mediapipe.tasks.metadata import metadata_schema_py_generated as fb
     import flatbuffers
@@ -120,6 +146,10 @@ def build(req: dict) -> bytes:
         tok.options.vocabFile = [_file(fb, inp["vocab_file"], "Vocabulary: \"token id\" lines",
                                        fb.AssociatedFileType.VOCABULARY)]
         tin.processUnits = [tok]  # on the input tensor, as MediaPipe's text classifier writer puts it
+    inputs = [tin] + [fb.TensorMetadataT() for _ in range(req.get("n_inputs", 1) - 1)]
+    if inp["kind"] == "bert":  # MediaPipe's text classifier writer: the tokenizer on the subgraph, three named inputs
+        inputs = _bert_inputs(fb, inp, req["n_inputs"])
+        sub.inputProcessUnits = [_bert_tokenizer(fb, inp["vocab_file"])]
     tout = fb.TensorMetadataT()
     tout.name, tout.description = out["name"], out["description"]
     tout.content = _content(fb, "feature", out)
@@ -130,7 +160,7 @@ def build(req: dict) -> bytes:
         tout.stats = _stats(fb, [0.0], [1.0])
     # one TensorMetadata per subgraph tensor (MetadataPopulator checks the counts): the described input
     # and the labelled output at their positions, the others bare (a labels-only model of several inputs)
-    sub.inputTensorMetadata = [tin] + [fb.TensorMetadataT() for _ in range(req.get("n_inputs", 1) - 1)]
+    sub.inputTensorMetadata = inputs
     sub.outputTensorMetadata = [fb.TensorMetadataT() for _ in range(req.get("n_outputs", 1))]
     sub.outputTensorMetadata[req.get("output_position", 0)] = tout
     m = fb.ModelMetadataT()

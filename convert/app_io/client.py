@@ -5,7 +5,10 @@ left to do its own preprocessing (resize, (pixel - mean) / std from the metadata
 tokenizing). Its scores are judged twice: with labels, by the task metric against PyTorch's
 (the same bound as the target's runtime); always, against the same artifact on ai-edge-litert
 fed the same raw data by this package's reading of the metadata, which tells a client that reads
-the file differently from a model that scores differently."""
+the file differently from a model that scores differently. A BERT model's sentences are the raw
+eval texts (the CSV/JSONL rows): MediaPipe tokenizes them itself, ai-edge-litert gets the folder's
+tokenizer's ids for them, so that comparison also tells whether MediaPipe tokenizes as the model's
+tokenizer does."""
 
 from __future__ import annotations
 
@@ -57,15 +60,21 @@ try {
 </script>"""
 
 
-def _raw(app: AppIO, rows: list[list[np.ndarray]]) -> tuple[str, dict, list[list[np.ndarray]], dict]:
+def _raw(app: AppIO, rows: list[list[np.ndarray]], texts: list[str] | None
+         ) -> tuple[str, dict, list[list[np.ndarray]], dict]:
     """(task, the raw data as the worker takes it, the model input each raw row becomes by the
-    metadata, notes): an app hands over 8-bit pixels, so an image row is rounded to them first."""
+    metadata, notes): an app hands over 8-bit pixels, so an image row is rounded to them first.
+    texts: the raw sentences the rows were tokenized from (a BERT model's rows are the model's own
+    tokenizer's ids for them)."""
     if app.image is not None:
         pix, clipped = zip(*(to_pixels(r[0], app.image) for r in rows))
         return ("image", {"pixels": np.stack(pix)}, [[from_pixels(p, app.image)] for p in pix],
                 {"pixels_clipped_share": float(np.mean(clipped))})
     if app.audio is not None:
         return "audio", {"waveforms": np.stack([r[0][0] for r in rows]).astype(np.float32)}, rows, {}
+    if app.text.tokenizer == "bert":
+        return "text", {"texts": list(texts)}, rows, {"sentences": list(texts[:3]),
+                                                      "runtime_rows_from": "the model's own tokenizer"}
     vocab = read_vocab(app.text)
     words = {i: w for w, i in vocab.items()}
     unknown = next(w for w in (f"zq{'q' * n}" for n in range(64)) if w not in vocab)
@@ -104,11 +113,15 @@ def web_scores(model: bytes, kind: str, raw: dict, rate: int | None, width: int)
 
 
 def check(model: bytes, info: ModelInfo, app: AppIO, rows: list[list[np.ndarray]], task: TaskScore | None,
-          max_drop: float, bound_from: str, web: bool = False) -> dict:
+          max_drop: float, bound_from: str, web: bool = False, texts: list[str] | None = None) -> dict:
     """The MediaPipe task on `rows` (the app graph's input space; the eval rows when `task` scores
     them) -> report.json's `client` figures, with "passed" and, when it fails, "reason". A client
-    that refuses the file raises ConversionError (one line)."""
-    kind, raw, fed, notes = _raw(app, rows)
+    that refuses the file raises ConversionError (one line). texts: the sentences `rows` were
+    tokenized from; a BERT model's check needs them (without: "skipped", said why)."""
+    if app.text is not None and app.text.tokenizer == "bert" and texts is None:
+        return {"client": f"{CLIENT} {TASKS['text']}", "task": TASKS["text"], "passed": True,
+                "skipped": "no raw sentences to hand MediaPipe (give --eval-data as a CSV or JSONL of texts)"}
+    kind, raw, fed, notes = _raw(app, rows, texts)
     with tempfile.TemporaryDirectory(prefix="tpu-pipeline-client-") as d:
         d = Path(d)
         (d / "model.tflite").write_bytes(model)

@@ -1,6 +1,7 @@
 """TFLite metadata, the schema MediaPipe Tasks, Android Studio's ML Model Binding and LiteRT's
 support library read: the model's name, description, version, author and licence; the input's
 image properties and NormalizationOptions, audio properties, or regex tokenizer with its vocab;
+a BERT model's ids/mask/segment_ids inputs and its BertTokenizerOptions with the WordPiece vocab;
 the output's labels as a TENSOR_AXIS_LABELS file. Written by MediaPipe's own code in its venv
 (_mediapipe_worker.py: its schema module and MetadataPopulator) and read back there by its
 MetadataDisplayer: metadata MediaPipe cannot read fails the target (ConversionError)."""
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tpu_pipeline.convert.app_io import wordpiece
 from tpu_pipeline.convert.app_io.spec import AppIO
 from tpu_pipeline.convert.app_io.worker import call
 from tpu_pipeline.errors import ConversionError
@@ -36,6 +38,12 @@ def request(app: AppIO, info) -> dict:
     elif app.audio is not None:
         inp = {"kind": "audio", "name": spec.name, "rate": spec.rate,
                "description": f"mono waveform in -1..1 at {spec.rate} Hz"}
+    elif app.text is not None and spec.tokenizer == "bert":
+        # MediaPipe's BERT preprocessor finds its three tensors by these metadata names (bert_preprocessor_calculator)
+        inp = {"kind": "bert", "name": spec.name, "vocab_file": VOCAB_FILE,
+               "positions": {role: info.inputs[app.input_names.index(n)].position
+                             for role, n in zip(("ids", "mask", "segment_ids"), spec.names)},
+               "description": "WordPiece token ids of the sentence: [CLS] pieces [SEP], 0 after (vocab.txt)"}
     elif app.text is not None:
         inp = {"kind": "text", "name": spec.name, "vocab_file": VOCAB_FILE, "delimiter": spec.delimiter,
                "description": "token ids from the regex tokenizer (vocab.txt)"}
@@ -58,7 +66,11 @@ def write(model: bytes, app: AppIO, info) -> tuple[bytes, dict]:
         if app.labels is not None:
             (d / LABELS_FILE).write_text("\n".join(app.labels.names) + "\n", encoding="utf-8")
             files[LABELS_FILE] = str(d / LABELS_FILE)
-        if app.text is not None:
+        if app.text is not None and app.text.tokenizer == "bert":  # one token a line, line index = id
+            tokens = wordpiece.read(app.text.vocab, f"--text {app.text.name}").tokens
+            (d / VOCAB_FILE).write_text("\n".join(tokens) + "\n", encoding="utf-8")
+            files[VOCAB_FILE] = str(d / VOCAB_FILE)
+        elif app.text is not None:
             (d / VOCAB_FILE).write_bytes(Path(app.text.vocab).read_bytes())
             files[VOCAB_FILE] = str(d / VOCAB_FILE)
         req.update(model=str(d / "in.tflite"), out=str(d / "out.tflite"), files=files)
@@ -88,8 +100,15 @@ def app_json(app: AppIO, info, written: dict | None) -> dict:
     elif app.audio is not None:
         out["audio"] = {"input": app.audio.name, "sample_rate": app.audio.rate, "channels": 1, "range": [-1.0, 1.0]}
     elif app.text is not None:
-        out["text"] = {"input": app.text.name, "tokenizer": app.text.tokenizer, "delimiter": app.text.delimiter,
-                       "vocab": f"{VOCAB_FILE} (packed in model.tflite)", "vocab_from": str(app.text.vocab)}
+        t = app.text
+        out["text"] = {"input": t.name, "tokenizer": t.tokenizer, "vocab": f"{VOCAB_FILE} (packed in model.tflite)",
+                       "vocab_from": str(t.vocab), "dtype": "int32"}
+        if t.tokenizer == "bert":
+            out["text"].update(inputs={"ids": t.names[0], "mask": t.names[1], "segment_ids": t.names[2]},
+                               sentence_to_input="ASCII lower-case, split on whitespace and punctuation, WordPiece "
+                                                 "(##), [CLS] pieces [SEP], cut or padded with 0 to the input length")
+        else:
+            out["text"]["delimiter"] = t.delimiter
     if written:
         out["metadata"] = written.get("metadata")
         if "client" in written:

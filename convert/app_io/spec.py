@@ -18,13 +18,15 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from tpu_pipeline.convert.app_io import wordpiece
 from tpu_pipeline.errors import UserError
 
 # MediaPipe's RegexTokenizer conventions (metadata_schema.fbs RegexTokenizerOptions; Model Maker's
 # average-word-embedding text classifier): these three tokens must be in the vocab
 PAD, START, UNKNOWN = "<PAD>", "<START>", "<UNKNOWN>"
 REGEX_DELIMITER = r"[^\w\']+"
-TOKENIZERS = ("regex",)  # what this version writes into metadata; bert/sentencepiece: Hugging Face folders (issue 39)
+TOKENIZERS = ("regex", "bert")  # what this version writes into metadata (SentencePiece: not yet)
+BERT_MASK, BERT_SEGMENT = "attention_mask", "token_type_ids"  # Hugging Face's names: the default mask and segment inputs
 METADATA_KEYS = ("name", "description", "version", "author", "license")
 
 
@@ -51,12 +53,25 @@ class AudioInput:
 class TextInput:
     """Token ids of a sentence. regex: MediaPipe's RegexTokenizer, `vocab` holds "token id" lines
     with <PAD> 0, <START> and <UNKNOWN>; the sentence is split on `delimiter`, started with <START>
-    and padded with <PAD> to the input's length."""
+    and padded with <PAD> to the input's length. bert: MediaPipe's BERT (WordPiece) preprocessing
+    (wordpiece.py), `vocab` a tokenizer.json or a vocab.txt of one token a line; three inputs of
+    one length: token ids (`name`), attention mask (`mask`) and segment ids (`segment`), by default
+    Hugging Face's attention_mask and token_type_ids. MediaPipe feeds int32: a model taking int64
+    ids gets them cast inside the app graph (`cast_to`, set by describe)."""
 
     name: str
     vocab: Path
     tokenizer: str = "regex"
     delimiter: str = REGEX_DELIMITER
+    mask: str | None = None
+    segment: str | None = None
+    cast_to: str | None = None           # the PyTorch model's id dtype when it is not int32 (describe sets it)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The model inputs the tokenizer fills: ids (regex); ids, mask, segment ids (bert)."""
+        return (self.name,) if self.tokenizer == "regex" else (self.name, self.mask or BERT_MASK,
+                                                               self.segment or BERT_SEGMENT)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -78,6 +93,7 @@ class AppIO:
     text: TextInput | None = None
     labels: Labels | None = None
     info: dict[str, str] = dataclasses.field(default_factory=dict)
+    input_names: tuple[str, ...] = ()    # the model's inputs in order (describe sets them)
 
     @property
     def input(self) -> ImageInput | AudioInput | TextInput | None:
@@ -149,12 +165,18 @@ def parse_text(spec: str | TextInput) -> TextInput:
     if isinstance(spec, TextInput):
         txt = spec
     else:
-        name, kv = _pairs(spec, "--text", ("vocab",), ("vocab", "the tokenizer vocab file"))
-        txt = TextInput(name=name, vocab=Path(kv["vocab"]))
+        name, kv = _pairs(spec, "--text", TEXT_KEYS, ("vocab", "the tokenizer vocab file"))
+        txt = TextInput(name=name, vocab=Path(kv.pop("vocab")), **kv)
     if txt.tokenizer not in TOKENIZERS:
         raise UserError(f"--text {txt.name}: tokenizer {txt.tokenizer!r} is not one of {', '.join(TOKENIZERS)}")
-    read_vocab(txt)
+    if txt.tokenizer == "bert":
+        wordpiece.read(txt.vocab, f"--text {txt.name}")
+    else:
+        read_vocab(txt)
     return txt
+
+
+TEXT_KEYS = ("vocab", "tokenizer", "mask", "segment")  # --text NAME:vocab=FILE[:tokenizer=bert][:mask=..][:segment=..]
 
 
 def read_vocab(txt: TextInput) -> dict[str, int]:
@@ -229,7 +251,8 @@ def describe(*, image=None, audio=None, text=None, labels=None, info=None, given
     said = [f for f, v in (("--image", img), ("--audio", aud), ("--text", txt)) if v is not None]
     if len(said) > 1:
         raise UserError(f"{said[0]} and {said[1]}: an artifact has one app input (one MediaPipe task)")
-    if said and len(input_names) != 1:
+    bert = txt is not None and txt.tokenizer == "bert"
+    if said and not bert and len(input_names) != 1:
         raise UserError(f"{said[0]}: MediaPipe's classifiers take one input; this model takes {len(input_names)} "
                         f"({', '.join(input_names)})")
     if said and len(output_shapes) != 1:
@@ -247,10 +270,7 @@ def describe(*, image=None, audio=None, text=None, labels=None, info=None, given
             raise UserError(f"--audio {aud.name}: a mono waveform input is float [1, samples]; this one is {dtype} "
                             f"{list(shape)}")
     if txt is not None:
-        shape, dtype = dims[txt.name]
-        if len(shape) != 2 or shape[0] != 1 or dtype.startswith(("float", "bool")):
-            raise UserError(f"--text {txt.name}: token ids are an integer [1, length] input; this one is {dtype} "
-                            f"{list(shape)}")
+        txt = _text_inputs(txt, dims, input_names)
     if lab is not None:
         head = output_shapes[0] if output_shapes else ()
         if len(head) != 2 or head[0] != 1:
@@ -259,7 +279,27 @@ def describe(*, image=None, audio=None, text=None, labels=None, info=None, given
         if len(lab.names) != head[1]:
             raise UserError(f"--labels {lab.source}: {len(lab.names)} labels for {head[1]} classes (the first "
                             f"output's last axis)")
-    return AppIO(image=img, audio=aud, text=txt, labels=lab, info=meta)
+    return AppIO(image=img, audio=aud, text=txt, labels=lab, info=meta, input_names=tuple(input_names))
+
+
+def _text_inputs(txt: TextInput, dims: dict, input_names: Sequence[str]) -> TextInput:
+    """The tokenizer's inputs checked against the model: integer [1, length], one length; the
+    dtype to cast MediaPipe's int32 to when the model takes another."""
+    if txt.tokenizer == "bert" and (len(input_names) != 3 or set(txt.names) != set(input_names)):
+        raise UserError(f"--text {txt.name}: MediaPipe's BERT preprocessing fills three inputs (ids {txt.names[0]}, "
+                        f"mask {txt.names[1]}, segment ids {txt.names[2]}); the model takes {', '.join(input_names)} "
+                        "(say the others with mask=NAME, segment=NAME)")
+    for n in txt.names:
+        shape, dtype = dims[n]
+        if len(shape) != 2 or shape[0] != 1 or dtype.startswith(("float", "bool", "complex")):
+            raise UserError(f"--text {n}: token ids are an integer [1, length] input; this one is {dtype} "
+                            f"{list(shape)}")
+    lengths = {dims[n][0][1] for n in txt.names}
+    if len(lengths) != 1:
+        raise UserError(f"--text {txt.name}: {', '.join(txt.names)} have lengths {sorted(lengths)}; MediaPipe "
+                        "feeds them one length")
+    dtype = dims[txt.name][1]
+    return dataclasses.replace(txt, cast_to=None if dtype == "int32" else dtype)
 
 
 def _image_layout(img: ImageInput, shape: tuple[int, ...], dtype: str) -> str:
@@ -298,8 +338,8 @@ def from_manifest(d: dict, folder: Path, where: str) -> AppIO:
             raise UserError(f"{where}: app_io.{key} is a string as --{key} takes it")
     txt = None
     if d.get("text") is not None:
-        name, kv = _pairs(d["text"], "--text", ("vocab",), ("vocab", "the tokenizer vocab file"))
-        txt = parse_text(TextInput(name=name, vocab=folder / kv["vocab"]))
+        name, kv = _pairs(d["text"], "--text", TEXT_KEYS, ("vocab", "the tokenizer vocab file"))
+        txt = parse_text(TextInput(name=name, vocab=folder / kv.pop("vocab"), **kv))
     labels = d.get("labels")
     if isinstance(labels, str):
         labels = folder / labels

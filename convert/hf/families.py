@@ -32,6 +32,7 @@ class Rows:
     rows: list[list[np.ndarray]]  # per row, one batch-1 array per model input
     labels: np.ndarray | None     # (N, ...) aligned with rows; None without labels
     source: str                   # how the report names them
+    raw: list | None = None       # per row, the raw item an app hands over (a sentence), where the client check needs it
 
 
 class TaskFamily(abc.ABC):

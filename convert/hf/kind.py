@@ -69,7 +69,7 @@ class HFTaskKind(ModuleKind):
         ev = None
         if o.eval_data is not None and is_raw(Path(o.eval_data)):
             rows = family.rows(Path(o.eval_data), "--eval-data")
-            ev = EvalData(rows.rows, rows.labels, rows.source)
+            ev = EvalData(rows.rows, rows.labels, rows.source, raw=rows.raw)
         if isinstance(o.calib, (str, Path)) and is_raw(Path(o.calib)):
             o = dataclasses.replace(o, calib=[tuple(r) for r in family.rows(Path(o.calib), "--calib").rows])
         metric = family.metric()

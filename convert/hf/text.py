@@ -1,7 +1,9 @@
 """Text task families: sequence classification and token classification (BERT and other
 encoders). Text goes through the folder's own tokenizer (tokenizer.json, the `tokenizers`
 library; Transformers 5 saves a BERT tokenizer as tokenizer.json alone), padded to a fixed length:
---max-len, else the smaller of the model's positions and DEFAULT_LEN."""
+--max-len, else the smaller of the model's positions and DEFAULT_LEN. A sequence classifier whose
+tokenizer MediaPipe's BERT preprocessing reproduces (app_io/wordpiece.py) is described as a
+TextClassifier input: its WordPiece vocab goes into the artifact's metadata."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tpu_pipeline.convert.app_io import TextInput
+from tpu_pipeline.convert.app_io import wordpiece
 from tpu_pipeline.convert.hf import raw_data
 from tpu_pipeline.convert.hf.families import Rows, TaskFamily, register_family
 from tpu_pipeline.convert.tool_output import first_line
@@ -74,16 +78,39 @@ class SequenceClassification(_TextFamily):
 
     auto_class, mapping = "AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"
 
+    def __init__(self, folder, model, max_len):
+        super().__init__(folder, model, max_len)
+        self.text = self._bert_input()
+
+    def _bert_input(self) -> TextInput | None:
+        """MediaPipe's BERT input when its preprocessing tokenizes as the folder's tokenizer does, else None
+        with a note saying why the artifact gets labels only (no TextClassifier metadata, no client check)."""
+        vocab = next((p for p in (self.folder.path / n for n in ("tokenizer.json", "vocab.txt")) if p.is_file()), None)
+        why = None
+        if set(self.names) != set(INPUTS):
+            why = f"the model takes {', '.join(self.names)}; MediaPipe's BERT preprocessing fills {', '.join(INPUTS)}"
+        else:
+            try:
+                found = wordpiece.read(vocab, "the folder's tokenizer")
+            except wordpiece.NotMediaPipeBert as e:  # readable, but MediaPipe would tokenize differently
+                why = str(e).split(": ", 1)[1]
+        if why:
+            self.notes.append(f"no MediaPipe TextClassifier metadata (labels only): {why}")
+            return None
+        self.notes.append(f"MediaPipe TextClassifier input: BERT WordPiece, vocab from {found.source} "
+                          f"({len(found.tokens)} tokens), {self.max_len} tokens")
+        self.notes.extend(found.notes)
+        return TextInput(name=INPUTS[0], vocab=vocab, tokenizer="bert", mask=INPUTS[1], segment=INPUTS[2])
+
     def app_io(self) -> dict:
-        # the labels: app_io writes MediaPipe's regex tokenizer only, not yet BERT's WordPiece metadata, so no
-        # text input is described and no MediaPipe TextClassifier check runs
-        return {"labels": self.labels()}
+        return {"labels": self.labels(), **({"text": self.text} if self.text else {})}
 
     def rows(self, path: Path, flag: str) -> Rows:
         items = raw_data.texts(path, flag)
         rows, _ = self._encode([it.value for it in items])
         labels = self.label_ids(items, lambda it: it.where)
-        return Rows(rows, labels, f"{flag} {path.name} ({len(items)} texts, {type(self.tokenizer).__name__})")
+        return Rows(rows, labels, f"{flag} {path.name} ({len(items)} texts, {type(self.tokenizer).__name__})",
+                    raw=[it.value for it in items])
 
 
 @register_family("token-classification")

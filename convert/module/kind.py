@@ -544,9 +544,10 @@ class ModuleKind(ModelKind):
                                      | {"files": shown["files"], "read_back_by": "MediaPipe MetadataDisplayer"}}
             if self.app.task is not None:
                 rows = self.eval_set.rows if self.task is not None else self.samples
+                texts = self.eval_set.raw if self.eval_set is not None and rows is self.eval_set.rows else None
                 bound, bound_from = self._max_drop(prof) if self.task is not None else (0.0, "")
                 app["client"] = c = app_client.check(model, r.info, self.app, rows, self.task, bound, bound_from,
-                                                     web=prof.browser_parity)
+                                                     web=prof.browser_parity, texts=texts)
                 if not c["passed"]:
                     r.fail("parity", f"{prof.name}: {c['reason']}")
         except ConversionError as e:

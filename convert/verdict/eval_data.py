@@ -43,6 +43,7 @@ class EvalData:
     rows: list[list[np.ndarray]]  # per row, one array per input (batch 1)
     labels: np.ndarray | None     # (N, ...) aligned with rows, or None
     source: str                   # how the report names where the rows came from
+    raw: list | None = None       # per row, what an app hands over (a sentence), when the rows were decoded from it
 
 
 def read(path: str | Path, inputs: list[InputSpec], flag: str) -> EvalData:
