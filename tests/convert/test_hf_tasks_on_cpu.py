@@ -6,8 +6,10 @@ same processor."""
 
 from __future__ import annotations
 
+import csv
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -67,3 +69,44 @@ def test_image_classifier_is_app_ready_on_android(tmp_path):
     assert client["passed"], client
     model_json = json.loads((tmp_path / "dist" / "android" / "model.json").read_text())
     assert model_json["app"]["task"] == "ImageClassifier"
+
+
+def _cased_sentences(path, n=16):
+    """The sentiment rows as people type them (capitals, punctuation): MediaPipe lower-cases and splits
+    punctuation itself, as the folder's tokenizer does."""
+    rows = hf.sentiment_rows(np.random.default_rng(3), n)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        w.writerows((t.capitalize() + ("!" if i % 2 else ", really."), lab) for i, (t, lab) in enumerate(rows))
+    return path
+
+
+def test_text_classifier_is_app_ready_on_android_and_web(tmp_path):
+    """The BERT folder's tokenizer.json becomes MediaPipe's BERT metadata: three int32 inputs, the
+    WordPiece vocab packed; MediaPipe's TextClassifier (Python, and the web one in Chromium) tokenizes
+    the raw CSV sentences itself and scores as PyTorch does through the folder's tokenizer."""
+    folder = hf.save_bert_seq(tmp_path / "bert")
+    data = _cased_sentences(tmp_path / "typed.csv")
+    r = run(folder, "--eval-data", data, "--targets", "android,web", "--out", tmp_path / "dist", "--no-latency")
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "dist" / "report.json").read_text())
+    assert [i["dtype"] for i in rep["inputs"]] == ["int32"] * 3
+    torch_score = rep["task_score"]["torch_score"]
+    assert torch_score >= 0.9
+    for target in ("android", "web"):
+        app = rep["targets"][target]["parity"]["app"]
+        assert sorted(app["metadata"]["files"]) == ["labels.txt", "vocab.txt"]
+        assert app["metadata"]["min_parser_version"] == "1.1.0"  # BertTokenizerOptions (metadata_version.cc)
+        c = app["client"]
+        assert c["passed"] and c["task"] == "TextClassifier" and c["rows"] == 16, c
+        assert c["sentences"][0][0].isupper()  # the raw sentences, not ids decoded back
+        assert c["task_score"]["score"] == pytest.approx(torch_score, abs=1e-9)
+        # MediaPipe's own tokenizing gives the ids the folder's tokenizer gives: the same scores as ai-edge-litert
+        assert c["vs_runtime_same_raw"]["top1_agreement"] == 1.0 and c["vs_runtime_same_raw"]["max_abs"] < 1e-5
+    web = rep["targets"]["web"]["parity"]["app"]["client"]["web"]
+    assert web["task_score"]["score"] == pytest.approx(torch_score, abs=1e-9) and web["max_abs_vs_python"] < 1e-5
+    mj = json.loads((tmp_path / "dist" / "android" / "model.json").read_text())
+    assert mj["app"]["task"] == "TextClassifier" and mj["app"]["text"]["tokenizer"] == "bert"
+    assert mj["app"]["text"]["inputs"] == {"ids": "input_ids", "mask": "attention_mask",
+                                           "segment_ids": "token_type_ids"}
