@@ -50,12 +50,13 @@ NATIVE_NOISE = re.compile(
     rb"|INFO: Created TensorFlow Lite XNNPACK delegate for CPU\."
     rb"|INFO: \[[\w./-]+:\d+\] .*"  # LiteRT's own INFO lines ("[accelerator_registry.cc:43] DestroyAccelerator")
     rb"|WARNING: Logging before InitGoogle\(\) is written to STDERR"  # LiteRT-LM's engine
+    rb"|WARNING: Cache file is stale\. Setting stale flag\."  # XNNPACK's weight cache, rebuilt by itself
     # LiteRT-LM looks for an NPU on every host and says so when there is none; the bundle runs on CPU
     rb"|WARNING: \[npu_registry\.cc:\d+\] NPU accelerator could not be loaded and registered: kLiteRtStatusErrorNotFound\."
 )
 
 _NOISE_HEADS = (b"WARNING: All log messages before absl", b"INFO: Created TensorFlow Lite XNNPACK", b"INFO: [",
-                b"WARNING: Logging before InitGoogle", b"WARNING: [npu_registry.cc:")
+                b"WARNING: Logging before InitGoogle", b"WARNING: [npu_registry.cc:", b"WARNING: Cache file is stale")
 
 # Transformers (and huggingface_hub) read this when imported, in this process and in children.
 _NO_BARS = "HF_HUB_DISABLE_PROGRESS_BARS"

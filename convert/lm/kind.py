@@ -434,8 +434,10 @@ class CausalLMKind(ModelKind):
             ids = torch.tensor([prompt])
             pad = (eos_token_ids(self.model) or [0])[0]
             with torch.no_grad(), torch_threads():
+                # the mask given: with pad == eos Transformers cannot infer it and warns on every call
                 self.torch_ms = median_ms(lambda: self.model.generate(
-                    ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad)) / n
+                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                    pad_token_id=pad)) / n
 
     def model_json(self, r: TargetResult) -> dict:
         bundle = r.artifact.extra_files.get(litertlm.BUNDLE_FILE) if r.artifact else None

@@ -43,6 +43,7 @@ def test_filter_drops_the_native_lines_and_keeps_the_rest():
         b"  export: torch -> float32 .tflite\n",
         b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n",
         b"WARNING: Logging before InitGoogle() is written to STDERR\n",
+        b"WARNING: Cache file is stale. Setting stale flag.\n",
         b"WARNING: [npu_registry.cc:34] NPU accelerator could not be loaded and registered: kLiteRtStatusErrorNotFound.\n",
         b"WARNING: [npu_registry.cc:34] NPU accelerator could not be loaded and registered: kLiteRtStatusErrorInternal.\n",
         b"E1202 02:31:47.152000 13817 foo.cc:1] a native error stays\n",
