@@ -8,8 +8,12 @@ eval data and a separate raw calibration set of the same kind (image folders, CS
 folder with labels.csv, images/ + masks/, images + boxes.csv). The bare export is `litert_torch.convert(module,
 sample_args).export(path)` of the HF model with its outputs as a tuple on the processor's example
 row (no parity, no variants, no checks): what a user scripting litert-torch would write first.
+Where the folder has an app description, the MediaPipe client's task score per target (Python
+Tasks; on web also Tasks for the web in Chromium) and, for a text classifier, bytes: the bare
+export, the app graph (int32 inputs cast inside, softmax head) exported the same way, and the
+shipped desktop artifact (float32, the app graph plus its metadata and packed vocab and labels).
 
-CPU command (about 10 minutes on 2 shared cores):
+CPU command (about 10 minutes on 2 shared cores; --models bert_seq about 1 minute):
     nice -n 5 .venv/bin/python bench/hf_tasks.py --out runs/bench_hf_tasks
 """
 
@@ -50,6 +54,23 @@ def bare_export_s(folder: Path, work: Path) -> float:
     return time.perf_counter() - t
 
 
+def app_graph_bytes(folder: Path, work: Path) -> int | None:
+    """A text classifier's app graph (what app_io wraps the model in, before metadata) exported bare."""
+    import litert_torch
+    import torch
+
+    from tpu_pipeline.convert.app_io.graph import AppGraph
+
+    f = open_folder(folder)
+    fam = family_for(f.architecture)(f, _model(f), None)
+    text = fam.app_io().get("text")
+    if text is None:
+        return None
+    graph = AppGraph(fam.module().eval(), None, True, tuple(range(len(text.names))), "int64")
+    litert_torch.convert(graph, tuple(a.to(torch.int32) for a in fam.sample_args)).export(str(work / "app.tflite"))
+    return (work / "app.tflite").stat().st_size
+
+
 def warm_up(work: Path) -> None:
     """litert-torch's first export in a process pays its start-up (seconds): paid here, outside both timings."""
     import litert_torch
@@ -76,12 +97,19 @@ def main() -> None:
         r = convert(folder, targets=a.targets, out=d / "dist", eval_data=eval_data, calibration=calib, latency=False)
         wall = time.perf_counter() - t
         rep = r.report
+        app_bytes = app_graph_bytes(folder, d)
         for target, res in rep["targets"].items():
             ts = (res.get("parity") or {}).get("task_score") or {}
+            client = ((res.get("parity") or {}).get("app") or {}).get("client") or {}
             rows.append({"model": name, "task": rep["task"], "target": target, "precision": res.get("quantization"),
                          "passed": res.get("passed"), "metric": ts.get("metric"), "rows": ts.get("rows"),
                          "torch": ts.get("torch_score"), "artifact": ts.get("score"), "drop": ts.get("drop"),
-                         "app_client": ((res.get("parity") or {}).get("app") or {}).get("client", {}).get("passed"),
+                         "app_client": client.get("passed"),
+                         "mediapipe": (client.get("task_score") or {}).get("score"),
+                         "mediapipe_web": ((client.get("web") or {}).get("task_score") or {}).get("score"),
+                         "mediapipe_vs_litert_max_abs": (client.get("vs_runtime_same_raw") or {}).get("max_abs"),
+                         "bytes_shipped": res.get("size_bytes"), "bytes_bare": (d / "bare.tflite").stat().st_size,
+                         "bytes_app_graph": app_bytes,
                          "convert_s": wall, "export_s": rep.get("export_s"), "bare_export_s": bare})
             print(json.dumps(rows[-1]), flush=True)
     (a.out / "results.json").write_text(json.dumps(rows, indent=1))
@@ -94,6 +122,16 @@ def main() -> None:
               f"{x['metric']} ({x['rows']}) | {fmt(x['torch'])} | "
               f"{fmt(x['artifact'])} | {'-' if x['app_client'] is None else ('pass' if x['app_client'] else 'FAIL')} | "
               f"{x['convert_s']:.1f} | {x['bare_export_s']:.1f} | {x['convert_s'] / x['bare_export_s']:.1f}x |")
+    print("\n| model | target | PyTorch | ai-edge-litert | MediaPipe (Python) | MediaPipe (Chromium) | "
+          "max abs vs litert | bytes bare / app graph / shipped |")
+    print("|---|---|---|---|---|---|---|---|")
+    for x in rows:
+        if x["app_client"] is None:
+            continue
+        fmt = (lambda v: "-" if v is None else f"{v:.4f}")
+        print(f"| {x['model']} | {x['target']} | {fmt(x['torch'])} | {fmt(x['artifact'])} | {fmt(x['mediapipe'])} | "
+              f"{fmt(x['mediapipe_web'])} | {x['mediapipe_vs_litert_max_abs']:.2g} | {x['bytes_bare']} / "
+              f"{x['bytes_app_graph'] or '-'} / {x['bytes_shipped']} |")
 
 
 if __name__ == "__main__":
