@@ -112,15 +112,21 @@ def web_scores(model: bytes, kind: str, raw: dict, rate: int | None, width: int)
     return scores
 
 
+def skipped_because(app: AppIO, texts: list[str] | None) -> str | None:
+    """Why the client check cannot run on these rows (None: it can): a BERT model's rows are ids,
+    and ids from random parity rows or an .npz are no sentence MediaPipe could be handed."""
+    if app.text is not None and app.text.tokenizer == "bert" and texts is None:
+        return (f"MediaPipe {TASKS['text']} not run: no raw sentences to hand it (give --eval-data as a CSV or "
+                "JSONL of texts); the metadata was written and read back")
+    return None
+
+
 def check(model: bytes, info: ModelInfo, app: AppIO, rows: list[list[np.ndarray]], task: TaskScore | None,
           max_drop: float, bound_from: str, web: bool = False, texts: list[str] | None = None) -> dict:
     """The MediaPipe task on `rows` (the app graph's input space; the eval rows when `task` scores
     them) -> report.json's `client` figures, with "passed" and, when it fails, "reason". A client
     that refuses the file raises ConversionError (one line). texts: the sentences `rows` were
-    tokenized from; a BERT model's check needs them (without: "skipped", said why)."""
-    if app.text is not None and app.text.tokenizer == "bert" and texts is None:
-        return {"client": f"{CLIENT} {TASKS['text']}", "task": TASKS["text"], "passed": True,
-                "skipped": "no raw sentences to hand MediaPipe (give --eval-data as a CSV or JSONL of texts)"}
+    tokenized from; a BERT model's check needs them (skipped_because)."""
     kind, raw, fed, notes = _raw(app, rows, texts)
     with tempfile.TemporaryDirectory(prefix="tpu-pipeline-client-") as d:
         d = Path(d)

@@ -225,9 +225,11 @@ class ModuleKind(ModelKind):
 
     def candidates(self, profile: TargetProfile) -> list[str]:
         precisions = list(profile.precisions) or [profile.precision]
-        if self.calib_data is None and len(precisions) > 1 and OPTIONAL_INT8 in precisions:
+        if self.calib_data is None and OPTIONAL_INT8 in precisions[1:]:
             # int8 activations calibrated on random inputs say nothing of real data: a phone's static int8
-            # is measured only on rows the user gave (--calib, calibration=, the manifest's calibration_inputs)
+            # beside float16 is measured only on rows the user gave (--calib, calibration=, the manifest's
+            # calibration_inputs); where it is the preferred precision (android-npu) it is calibrated on random
+            # rows with prepare()'s warning, as iot's is
             precisions.remove(OPTIONAL_INT8)
             if NO_CALIB_NOTE not in self.notes:
                 self.notes.append(NO_CALIB_NOTE)
@@ -542,9 +544,13 @@ class ModuleKind(ModelKind):
             r.artifact, r.size_bytes = dataclasses.replace(r.artifact, model=model), len(model)
             app = r.parity["app"] = {"metadata": {k: shown["json"].get(k) for k in ("name", "min_parser_version")}
                                      | {"files": shown["files"], "read_back_by": "MediaPipe MetadataDisplayer"}}
-            if self.app.task is not None:
-                rows = self.eval_set.rows if self.task is not None else self.samples
-                texts = self.eval_set.raw if self.eval_set is not None and rows is self.eval_set.rows else None
+            rows = self.eval_set.rows if self.task is not None else self.samples
+            texts = self.eval_set.raw if self.eval_set is not None and rows is self.eval_set.rows else None
+            why = app_client.skipped_because(self.app, texts) if self.app.task is not None else None
+            if why:
+                app["client_skipped"] = why
+                r.warnings.append(f"{prof.name}: {why}")
+            elif self.app.task is not None:
                 bound, bound_from = self._max_drop(prof) if self.task is not None else (0.0, "")
                 app["client"] = c = app_client.check(model, r.info, self.app, rows, self.task, bound, bound_from,
                                                      web=prof.browser_parity, texts=texts)

@@ -191,3 +191,13 @@ def test_folder_whose_tokenizer_has_no_vocab_is_refused(bert_folder, tmp_path):
     assert len(errors) == 1 and r.output.strip().endswith(errors[0]) and "Traceback" not in r.output, r.output
     assert str(d / "tokenizer.json") in errors[0] and "no vocab" in errors[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_bert_client_check_needs_the_raw_sentences(tmp_path):
+    from tpu_pipeline.convert.app_io.client import skipped_because
+
+    bert = describe(text=TextInput(name="input_ids", vocab=_saved_tokenizer(tmp_path / "tok"), tokenizer="bert"),
+                    input_names=["input_ids", "attention_mask", "token_type_ids"], input_shapes=[(1, 8)] * 3,
+                    input_dtypes=["int64"] * 3, output_shapes=[(1, 3)])
+    assert "--eval-data" in skipped_because(bert, None)
+    assert skipped_because(bert, ["a good film"]) is None

@@ -110,3 +110,16 @@ def test_text_classifier_is_app_ready_on_android_and_web(tmp_path):
     assert mj["app"]["task"] == "TextClassifier" and mj["app"]["text"]["tokenizer"] == "bert"
     assert mj["app"]["text"]["inputs"] == {"ids": "input_ids", "mask": "attention_mask",
                                            "segment_ids": "token_type_ids"}
+
+
+def test_text_classifier_without_sentences_writes_metadata_and_says_the_check_did_not_run(tmp_path):
+    """No --eval-data: the parity rows are random ids, no sentence MediaPipe could be handed; the
+    metadata is still written and read back, and the report says the client check did not run."""
+    folder = hf.save_bert_seq(tmp_path / "bert", steps=5)
+    r = run(folder, "--targets", "desktop", "--out", tmp_path / "dist", "--no-latency")
+    assert r.exit_code == 0, r.output
+    desktop = json.loads((tmp_path / "dist" / "report.json").read_text())["targets"]["desktop"]
+    app = desktop["parity"]["app"]
+    assert "client" not in app and "no raw sentences" in app["client_skipped"]
+    assert sorted(app["metadata"]["files"]) == ["labels.txt", "vocab.txt"]
+    assert any("no raw sentences" in w for w in desktop["warnings"])
