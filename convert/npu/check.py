@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from tpu_pipeline.convert.npu import qnn_libs
-from tpu_pipeline.convert.npu.compile import ROOT_MODULE, Compiled, check_socs, compile_for
+from tpu_pipeline.convert.npu.compile import ROOT_MODULE, Compiled, check_socs, compile_for, dequantized_steps
 from tpu_pipeline.convert.npu.simulator import HtpSimulator
 from tpu_pipeline.convert.tflite_info import inspect_model
 from tpu_pipeline.errors import ConversionError
@@ -116,11 +116,12 @@ def _simulate(c: Compiled, model: bytes, rows: list, judge: Judge, cpu_got: list
     outputs, passed, reasons = judge(got)
     by_cpu = torch_judge is not None and torch_judge is not judge
     vs_torch = torch_judge(got)[0] if by_cpu else outputs
-    vs_cpu = {}
+    vs_cpu, steps = {}, dequantized_steps(model)
     for k, t in enumerate(sim.outputs):
         diff = max(float(np.abs(np.asarray(g[k], np.float64) - np.asarray(ref[k], np.float64)).max())
                    for g, ref in zip(got, cpu_got))
-        vs_cpu[t.name] = {"max_abs": diff, **({"max_lsb": round(diff / t.scale, 3)} if t.scale else {})}
+        step = t.scale or steps.get(t.name)
+        vs_cpu[t.name] = {"max_abs": diff, **({"max_lsb": round(diff / step, 3)} if step else {})}
     return {"ran": True, "rows": len(rows), "passed": passed, "reasons": reasons,
             "judged_against": "the CPU run (labels given: its task score decided)" if by_cpu else "PyTorch",
             "stitched": bool(c.cpu_ops), "segments": len(sim.segments),

@@ -117,6 +117,20 @@ def _op_name(m: schema.ModelT, op: schema.OperatorT) -> str:
     return _BUILTIN_NAMES.get(max(code.builtinCode, code.deprecatedBuiltinCode), str(code.builtinCode))
 
 
+def dequantized_steps(model: bytes) -> dict[str, float]:
+    """{float output name: the int8 step it was computed in} for outputs a DEQUANTIZE makes (int8
+    with float I/O): the unit to compare two runs of it in, as an int8 output's own scale is."""
+    m = schema.ModelT.InitFromPackedBuf(model, 0)
+    sg = m.subgraphs[0]
+    steps = {}
+    for op in sg.operators or []:
+        if _op_name(m, op) == "DEQUANTIZE" and op.outputs[0] in list(sg.outputs):
+            q = sg.tensors[op.inputs[0]].quantization
+            if q is not None and q.scale is not None and len(q.scale) == 1:
+                steps[sg.tensors[op.outputs[0]].name.decode()] = float(q.scale[0])
+    return steps
+
+
 def count_ops(model: bytes) -> int:
     m = schema.ModelT.InitFromPackedBuf(model, 0)
     return sum(len(sg.operators or []) for sg in m.subgraphs)

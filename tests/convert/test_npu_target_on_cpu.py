@@ -48,8 +48,9 @@ class WithAtan2(torch.nn.Module):
 
 
 class GeluMLP(torch.nn.Module):
-    """Linear -> GELU -> Linear: static int8 matches PyTorch on XNNPACK (cosine 0.998), but its
-    compiled HTP bytecode does not (cosine about -0.1 on the simulator, LiteRT 2.3 + QNN 2.51)."""
+    """Linear -> GELU -> Linear: iot's static int8 (GELU as a CAST+GATHER table) matches PyTorch on
+    XNNPACK (cosine 0.998), but its compiled HTP bytecode does not (cosine about -0.1 on the simulator,
+    LiteRT 2.3 + QNN 2.51); android-npu's static_int8_float_io keeps GELU an op and passes."""
 
     def __init__(self):
         super().__init__()
@@ -74,7 +75,7 @@ def test_android_and_android_npu_in_one_call(tmp_path):
     assert res["android"].passed, res["android"].reasons
     t = res["android-npu"]
     assert t.passed, t.reasons
-    assert t.quantization == "static_int8"  # preferred, and it passed on XNNPACK and the simulator
+    assert t.quantization == "static_int8_float_io"  # preferred, and it passed on XNNPACK and the simulator
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     npu = report["targets"]["android-npu"]["npu"]
     assert npu["qnn_version"].startswith("2.51") and set(npu["socs"]) == {"SM8650", "SM8750"}
@@ -90,7 +91,7 @@ def test_android_and_android_npu_in_one_call(tmp_path):
         compiled[soc] = (d / "model.tflite").read_bytes()
         assert f["artifact"] == str(d / "model.tflite") and len(compiled[soc]) == f["size_bytes"]
         meta = json.loads((d / "model.json").read_text())
-        assert meta["soc"] == soc and meta["npu"]["ops_on_npu"] == f["ops_on_npu"] and meta["quantization"] == "static_int8"
+        assert meta["soc"] == soc and meta["npu"]["ops_on_npu"] == f["ops_on_npu"] and meta["quantization"] == "static_int8_float_io"
     assert compiled["SM8650"] != compiled["SM8750"]
     assert b"DISPATCH_OP" in compiled["SM8650"] and b"DISPATCH_OP" not in (
         tmp_path / "out" / "android-npu" / "model.tflite").read_bytes()  # the fallback: before the compile
@@ -150,7 +151,11 @@ def test_int8_that_passes_on_xnnpack_but_not_on_the_npu_falls_back_to_float16(tm
     profiles = tmp_path / "profiles"
     shutil.copytree(profile_dir(), profiles)
     p = profiles / "android-npu.toml"
-    p.write_text(p.read_text().replace('npu_socs = ["SM8650", "SM8750"]', 'npu_socs = ["SM8650"]'))
+    text = p.read_text()
+    assert 'precisions = ["static_int8_float_io", "float16"]' in text
+    # iot's static int8, whose GELU table the HTP gets wrong: an int8 that passes on XNNPACK only
+    p.write_text(text.replace('npu_socs = ["SM8650", "SM8750"]', 'npu_socs = ["SM8650"]')
+                 .replace('precisions = ["static_int8_float_io", "float16"]', 'precisions = ["static_int8", "float16"]'))
     net = _net(GeluMLP)
     calib = [(torch.randn(1, 8, 16),) for _ in range(32)]
     res = tc.convert(net, (torch.randn(1, 8, 16),), targets="android-npu", out=tmp_path / "out", calibration=calib,
@@ -166,6 +171,23 @@ def test_int8_that_passes_on_xnnpack_but_not_on_the_npu_falls_back_to_float16(tm
     good = t.npu["socs"]["SM8650"]["simulator"]
     assert good["passed"] and min(m["cosine_mean"] for m in good["vs_pytorch"].values()) > 0.999
     assert "failed on the NPU" in t.chosen_because
+
+
+@needs_extra
+def test_the_default_int8_keeps_gelu_an_op_and_passes_on_the_npu(tmp_path):
+    profiles = tmp_path / "profiles"
+    shutil.copytree(profile_dir(), profiles)
+    p = profiles / "android-npu.toml"
+    p.write_text(p.read_text().replace('npu_socs = ["SM8650", "SM8750"]', 'npu_socs = ["SM8650"]')
+                 .replace('precisions = ["static_int8_float_io", "float16"]', 'precisions = ["static_int8_float_io"]'))
+    calib = [(torch.randn(1, 8, 16),) for _ in range(32)]
+    res = tc.convert(_net(GeluMLP), (torch.randn(1, 8, 16),), targets="android-npu", out=tmp_path / "out",
+                     calibration=calib, samples=8, latency=False, profile_dir=str(profiles))
+    t = res["android-npu"]
+    assert t.passed and t.quantization == "static_int8_float_io", t.reasons
+    f = t.npu["socs"]["SM8650"]
+    assert f["ops_on_npu"] == f["ops_total"] and f["partitions"] == 1, f
+    assert min(m["cosine_mean"] for m in f["simulator"]["vs_pytorch"].values()) > 0.98, f["simulator"]
 
 
 @needs_extra
