@@ -114,18 +114,19 @@ def preprocessor_config(folder: Folder, what: str) -> Path:
 class Wrapped(nn.Module):
     """A HF model as litert-torch traces it: positional tensor inputs (named as forward() takes
     them) -> a tuple of the named outputs; `pre` runs on the first input first (preprocessing
-    folded into the graph, e.g. a waveform's normalisation)."""
+    folded into the graph, e.g. a waveform's normalisation); `ignored` inputs are taken and not
+    passed on (an input an app's client fills that the model has no use for)."""
 
     def __init__(self, model: nn.Module, input_names: list[str], output_names: tuple[str, ...],
-                 pre: nn.Module | None = None):
+                 pre: nn.Module | None = None, ignored: tuple[str, ...] = ()):
         super().__init__()
-        self.model, self.pre = model, pre
+        self.model, self.pre, self.ignored = model, pre, tuple(ignored)
         self.input_names, self.output_names = list(input_names), tuple(output_names)
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.pre is not None:
             args = (self.pre(args[0]), *args[1:])
-        out = self.model(**dict(zip(self.input_names, args)))
+        out = self.model(**{n: a for n, a in zip(self.input_names, args) if n not in self.ignored})
         return tuple(getattr(out, n) for n in self.output_names)
 
 

@@ -7,6 +7,7 @@ TextClassifier input: its WordPiece vocab goes into the artifact's metadata."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 from tpu_pipeline.convert.app_io import TextInput
 from tpu_pipeline.convert.app_io import wordpiece
 from tpu_pipeline.convert.hf import raw_data
-from tpu_pipeline.convert.hf.families import Rows, TaskFamily, register_family
+from tpu_pipeline.convert.hf.families import Rows, TaskFamily, Wrapped, register_family
 from tpu_pipeline.convert.tool_output import first_line
 from tpu_pipeline.convert.verdict import task_score
 from tpu_pipeline.errors import UserError
@@ -65,7 +66,8 @@ class _TextFamily(TaskFamily):
 
     def _encode(self, texts, words: bool = False):
         enc = self.tokenizer(texts, padding="max_length", truncation=True, max_length=self.max_len,
-                             is_split_into_words=words, return_tensors="np")
+                             is_split_into_words=words, return_tensors="np",
+                             return_token_type_ids="token_type_ids" in self.names)
         return [[enc[n][i:i + 1].astype(np.int64) for n in self.names] for i in range(len(texts))], enc
 
     def describe(self) -> dict:
@@ -80,14 +82,18 @@ class SequenceClassification(_TextFamily):
 
     def __init__(self, folder, model, max_len):
         super().__init__(folder, model, max_len)
+        self.ignored: tuple[str, ...] = ()
         self.text = self._bert_input()
+
+    def module(self) -> torch.nn.Module:
+        return Wrapped(self.model, self.input_names, self.output_names, ignored=self.ignored)
 
     def _bert_input(self) -> TextInput | None:
         """MediaPipe's BERT input when its preprocessing tokenizes as the folder's tokenizer does, else None
         with a note saying why the artifact gets labels only (no TextClassifier metadata, no client check)."""
         vocab = next((p for p in (self.folder.path / n for n in ("tokenizer.json", "vocab.txt")) if p.is_file()), None)
         why = None
-        if set(self.names) != set(INPUTS):
+        if self.names[:2] != list(INPUTS[:2]):
             why = f"the model takes {', '.join(self.names)}; MediaPipe's BERT preprocessing fills {', '.join(INPUTS)}"
         else:
             try:
@@ -97,6 +103,14 @@ class SequenceClassification(_TextFamily):
         if why:
             self.notes.append(f"no MediaPipe TextClassifier metadata (labels only): {why}")
             return None
+        if len(self.names) == 2:  # DistilBERT: MediaPipe fills segment ids (all 0) all the same
+            self.names = list(INPUTS)
+            takes = "token_type_ids" in inspect.signature(self.model.forward).parameters
+            self.ignored = () if takes else ("token_type_ids",)
+            self.notes.append("token_type_ids: a third input because MediaPipe's BERT preprocessing fills three (its "
+                              "segment ids are all 0); " + ("the model takes it" if takes else
+                                                            f"{type(self.model).__name__} has no use for it and the "
+                                                            "graph ignores it"))
         self.notes.append(f"MediaPipe TextClassifier input: BERT WordPiece, vocab from {found.source} "
                           f"({len(found.tokens)} tokens), {self.max_len} tokens")
         self.notes.extend(found.notes)

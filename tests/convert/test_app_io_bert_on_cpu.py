@@ -201,3 +201,19 @@ def test_bert_client_check_needs_the_raw_sentences(tmp_path):
                     input_dtypes=["int64"] * 3, output_shapes=[(1, 3)])
     assert "--eval-data" in skipped_because(bert, None)
     assert skipped_because(bert, ["a good film"]) is None
+
+
+def test_a_model_without_segment_ids_takes_the_third_input_mediapipe_fills_and_ignores_it(tmp_path):
+    from transformers import DistilBertForSequenceClassification
+
+    folder = hf.save_distilbert_seq(tmp_path / "distil", steps=0)
+    model = DistilBertForSequenceClassification.from_pretrained(folder).eval()
+    fam = SequenceClassification(open_folder(folder), model, None)
+    assert fam.input_names == ["input_ids", "attention_mask", "token_type_ids"] and fam.app_io()["text"] is not None
+    assert any("has no use for it and the graph ignores it" in n for n in fam.notes), fam.notes
+    ids, mask, types = fam.sample_args
+    assert types.shape == ids.shape and not types.any()
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).logits
+        assert torch.equal(fam.module()(ids, mask, types)[0], want)
+        assert torch.equal(fam.module()(ids, mask, torch.ones_like(types))[0], want)

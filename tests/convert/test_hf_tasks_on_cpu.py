@@ -22,6 +22,9 @@ CASES = {  # folder builder, raw data builder, task, metric, PyTorch's score at 
     "vit": (hf.save_vit, lambda d: hf.image_folder(d / "images"), "image-classification", "accuracy", 0.9),
     "bert_seq": (hf.save_bert_seq, lambda d: hf.sentiment_csv(d / "sent.csv"), "sequence-classification",
                  "accuracy", 0.9),
+    # two inputs (no token_type_ids): the artifact takes a third MediaPipe fills and the graph ignores
+    "distilbert_seq": (hf.save_distilbert_seq, lambda d: hf.sentiment_csv(d / "sent.csv"), "sequence-classification",
+                       "accuracy", 0.9),
     "bert_tok": (hf.save_bert_tok, lambda d: hf.entity_jsonl(d / "ent.jsonl"), "token-classification",
                  "entity_f1", 0.8),
     "wav2vec2": (hf.save_wav2vec2, lambda d: hf.wav_folder(d / "wavs"), "audio-classification", "accuracy", 0.9),
@@ -51,6 +54,10 @@ def test_folder_converts_with_raw_eval_data_alone(tmp_path, name):
     # float32 on XNNPACK: the same decisions as PyTorch on every labelled row
     assert got["score"] == pytest.approx(ts["torch_score"], abs=1e-9) and got["passed"]
     assert (tmp_path / "dist" / "desktop" / "model.tflite").stat().st_size > 0
+    if task == "sequence-classification":  # a WordPiece tokenizer: MediaPipe's TextClassifier on the raw CSV
+        client = rep["targets"]["desktop"]["parity"]["app"]["client"]
+        assert client["passed"] and client["task_score"]["score"] == pytest.approx(ts["torch_score"], abs=1e-9)
+        assert [i["name"] for i in rep["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
 
 
 def test_image_classifier_is_app_ready_on_android(tmp_path):

@@ -6,6 +6,7 @@ would bring (image folders, CSV/JSONL text, .wav files with labels.csv): issue 3
   raw data: a folder with a subfolder per label name, PNG files.
 - bert_seq: BertForSequenceClassification, positive vs negative sentences (WordPiece vocab in
   tokenizer.json); raw data: a CSV with text,label columns.
+- distilbert_seq: DistilBertForSequenceClassification on the same task (no token_type_ids input).
 - bert_tok: BertForTokenClassification tagging person and place names (B-PER, I-PER, B-LOC, O);
   raw data: JSONL rows {"tokens": [...], "tags": [...]}.
 - wav2vec2: Wav2Vec2ForSequenceClassification telling low from high tones at 16 kHz; raw data:
@@ -94,12 +95,12 @@ PLACES = ("paris", "rome", "lima", "oslo")
 TAGS = ("O", "B-PER", "I-PER", "B-LOC")
 
 
-def _tokenizer(words):
+def _tokenizer(words, cls=None):
     from transformers import BertTokenizerFast
 
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     vocab = {w: i for i, w in enumerate(specials + sorted(set(words)))}
-    return BertTokenizerFast(vocab=vocab, do_lower_case=True)  # vocab=: vocab_file= is ignored in 5.10
+    return (cls or BertTokenizerFast)(vocab=vocab, do_lower_case=True)  # vocab=: vocab_file= is ignored in 5.10
 
 
 def sentiment_rows(rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
@@ -128,6 +129,27 @@ def save_bert_seq(out: Path, *, steps: int = 80, seed: int = 0, max_len: int = 3
     torch.manual_seed(seed)
     tok = _tokenizer(POSITIVE + NEGATIVE + FILLER)
     model = _bert(BertForSequenceClassification, tok, 2, {0: "negative", 1: "positive"}, max_len)
+    rows = sentiment_rows(np.random.default_rng(seed), 256)
+    enc = tok([t for t, _ in rows], padding="max_length", max_length=16, truncation=True, return_tensors="pt")
+    y = torch.tensor([1 if lab == "positive" else 0 for _, lab in rows])
+    _fit(model, lambda s: {**{k: v[s * 32 % 256:][:32] for k, v in enc.items()}, "labels": y[s * 32 % 256:][:32]},
+         steps)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def save_distilbert_seq(out: Path, *, steps: int = 80, seed: int = 0, max_len: int = 32) -> Path:
+    """DistilBertForSequenceClassification on the same task: a WordPiece tokenizer, and a model that takes
+    no token_type_ids (two inputs where MediaPipe's BERT preprocessing fills three)."""
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification, DistilBertTokenizer
+
+    torch.manual_seed(seed)
+    tok = _tokenizer(POSITIVE + NEGATIVE + FILLER, DistilBertTokenizer)
+    cfg = DistilBertConfig(vocab_size=len(tok), dim=32, n_layers=2, n_heads=2, hidden_dim=64,
+                           max_position_embeddings=max_len, num_labels=2, id2label={0: "negative", 1: "positive"},
+                           label2id={"negative": 0, "positive": 1})
+    model = DistilBertForSequenceClassification(cfg)
     rows = sentiment_rows(np.random.default_rng(seed), 256)
     enc = tok([t for t, _ in rows], padding="max_length", max_length=16, truncation=True, return_tensors="pt")
     y = torch.tensor([1 if lab == "positive" else 0 for _, lab in rows])
