@@ -2,7 +2,7 @@
 shipped precision, the task score on the artifact's runtime against PyTorch's through the same
 processor, and the whole convert's wall time against a bare litert-torch export of the same model.
 
-Folders: tiny ViT, BERT (sequence, token), DistilBERT (sequence), Wav2Vec2, Segformer and DETR trained here for seconds
+Folders: tiny ViT, BERT (sequence, token), DistilBERT and ALBERT (sequence), Wav2Vec2, Segformer and DETR trained here for seconds
 (tpu_pipeline.testing.hf_task_folders), saved with save_pretrained beside their processors; raw
 eval data and a separate raw calibration set of the same kind (image folders, CSV/JSONL text, wav
 folder with labels.csv, images/ + masks/, images + boxes.csv). The bare export is `litert_torch.convert(module,
@@ -36,6 +36,8 @@ CASES = {  # builder, raw eval data, raw calibration data (other rows)
                  lambda d: hf.sentiment_csv(d / "calib.csv", 24, seed=7)),
     "distilbert_seq": (hf.save_distilbert_seq, lambda d: hf.sentiment_csv(d / "eval.csv", 48),
                        lambda d: hf.sentiment_csv(d / "calib.csv", 24, seed=7)),
+    "albert_seq": (hf.save_albert_seq, lambda d: hf.sentiment_csv(d / "eval.csv", 48),
+                   lambda d: hf.sentiment_csv(d / "calib.csv", 24, seed=7)),
     "bert_tok": (hf.save_bert_tok, lambda d: hf.entity_jsonl(d / "eval.jsonl", 48),
                  lambda d: hf.entity_jsonl(d / "calib.jsonl", 24, seed=7)),
     "wav2vec2": (hf.save_wav2vec2, lambda d: hf.wav_folder(d / "eval", 32),

@@ -27,8 +27,9 @@ import numpy as np
 
 # metadata_version.cc's member versions, for the members this writer uses (the rest stay 1.0.0)
 MIN_VERSIONS = {"vocabulary_file": "1.0.1", "input_process_units": "1.1.0", "bert_tokenizer": "1.1.0",
-                "regex_tokenizer": "1.2.1", "audio_properties": "1.3.0"}
-TOKENIZER_VERSIONS = {"RegexTokenizerOptions": "regex_tokenizer", "BertTokenizerOptions": "bert_tokenizer"}
+                "sentencepiece_tokenizer": "1.1.0", "regex_tokenizer": "1.2.1", "audio_properties": "1.3.0"}
+TOKENIZER_VERSIONS = {"RegexTokenizerOptions": "regex_tokenizer", "BertTokenizerOptions": "bert_tokenizer",
+                      "SentencePieceTokenizerOptions": "sentencepiece_tokenizer"}
 
 
 def _version_of(buf) -> str:
@@ -111,11 +112,18 @@ def _bert_inputs(fb, inp: dict, n_inputs: int) -> list:
     return tensors
 
 
-def _bert_tokenizer(fb, vocab_file: str):
+def _bert_tokenizer(fb, tokenizer: str, file: str):
+    """BertTokenizerOptions with the WordPiece vocab, or SentencePieceTokenizerOptions with the model file
+    (as MediaPipe's BertTokenizerMd / SentencePieceTokenizerMd write them)."""
     tok = fb.ProcessUnitT()
+    if tokenizer == "sentencepiece":
+        tok.optionsType = fb.ProcessUnitOptions.SentencePieceTokenizerOptions
+        tok.options = fb.SentencePieceTokenizerOptionsT()
+        tok.options.sentencePieceModel = [_file(fb, file, "The sentence piece model file.", fb.AssociatedFileType.UNKNOWN)]
+        return tok
     tok.optionsType = fb.ProcessUnitOptions.BertTokenizerOptions
     tok.options = fb.BertTokenizerOptionsT()
-    tok.options.vocabFile = [_file(fb, vocab_file, "WordPiece vocabulary: one token a line, line index = id",
+    tok.options.vocabFile = [_file(fb, file, "WordPiece vocabulary: one token a line, line index = id",
                                    fb.AssociatedFileType.VOCABULARY)]
     return tok
 
@@ -149,7 +157,7 @@ def build(req: dict) -> bytes:
     inputs = [tin] + [fb.TensorMetadataT() for _ in range(req.get("n_inputs", 1) - 1)]
     if inp["kind"] == "bert":  # MediaPipe's text classifier writer: the tokenizer on the subgraph, three named inputs
         inputs = _bert_inputs(fb, inp, req["n_inputs"])
-        sub.inputProcessUnits = [_bert_tokenizer(fb, inp["vocab_file"])]
+        sub.inputProcessUnits = [_bert_tokenizer(fb, inp["tokenizer"], inp["vocab_file"])]
     tout = fb.TensorMetadataT()
     tout.name, tout.description = out["name"], out["description"]
     tout.content = _content(fb, "feature", out)

@@ -72,7 +72,7 @@ def _raw(app: AppIO, rows: list[list[np.ndarray]], texts: list[str] | None
                 {"pixels_clipped_share": float(np.mean(clipped))})
     if app.audio is not None:
         return "audio", {"waveforms": np.stack([r[0][0] for r in rows]).astype(np.float32)}, rows, {}
-    if app.text.tokenizer == "bert":
+    if app.text.bert_style:
         return "text", {"texts": list(texts)}, rows, {"sentences": list(texts[:3]),
                                                       "runtime_rows_from": "the model's own tokenizer"}
     vocab = read_vocab(app.text)
@@ -115,7 +115,7 @@ def web_scores(model: bytes, kind: str, raw: dict, rate: int | None, width: int)
 def skipped_because(app: AppIO, texts: list[str] | None) -> str | None:
     """Why the client check cannot run on these rows (None: it can): a BERT model's rows are ids,
     and ids from random parity rows or an .npz are no sentence MediaPipe could be handed."""
-    if app.text is not None and app.text.tokenizer == "bert" and texts is None:
+    if app.text is not None and app.text.bert_style and texts is None:
         return (f"MediaPipe {TASKS['text']} not run: no raw sentences to hand it (give --eval-data as a CSV or "
                 "JSONL of texts); the metadata was written and read back")
     return None

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tpu_pipeline.convert.app_io import wordpiece
-from tpu_pipeline.convert.app_io.spec import AppIO
+from tpu_pipeline.convert.app_io.spec import AppIO, tokenizer_file
 from tpu_pipeline.convert.app_io.worker import call
 from tpu_pipeline.errors import ConversionError
 
@@ -38,12 +37,12 @@ def request(app: AppIO, info) -> dict:
     elif app.audio is not None:
         inp = {"kind": "audio", "name": spec.name, "rate": spec.rate,
                "description": f"mono waveform in -1..1 at {spec.rate} Hz"}
-    elif app.text is not None and spec.tokenizer == "bert":
+    elif app.text is not None and spec.bert_style:
         # MediaPipe's BERT preprocessor finds its three tensors by these metadata names (bert_preprocessor_calculator)
-        inp = {"kind": "bert", "name": spec.name, "vocab_file": VOCAB_FILE,
+        inp = {"kind": "bert", "name": spec.name, "tokenizer": spec.tokenizer, "vocab_file": tokenizer_file(spec)[0],
                "positions": {role: info.inputs[app.input_names.index(n)].position
                              for role, n in zip(("ids", "mask", "segment_ids"), spec.names)},
-               "description": "WordPiece token ids of the sentence: [CLS] pieces [SEP], 0 after (vocab.txt)"}
+               "description": f"{spec.tokenizer} token ids of the sentence: [CLS] pieces [SEP], 0 after"}
     elif app.text is not None:
         inp = {"kind": "text", "name": spec.name, "vocab_file": VOCAB_FILE, "delimiter": spec.delimiter,
                "description": "token ids from the regex tokenizer (vocab.txt)"}
@@ -66,10 +65,10 @@ def write(model: bytes, app: AppIO, info) -> tuple[bytes, dict]:
         if app.labels is not None:
             (d / LABELS_FILE).write_text("\n".join(app.labels.names) + "\n", encoding="utf-8")
             files[LABELS_FILE] = str(d / LABELS_FILE)
-        if app.text is not None and app.text.tokenizer == "bert":  # one token a line, line index = id
-            tokens = wordpiece.read(app.text.vocab, f"--text {app.text.name}").tokens
-            (d / VOCAB_FILE).write_text("\n".join(tokens) + "\n", encoding="utf-8")
-            files[VOCAB_FILE] = str(d / VOCAB_FILE)
+        if app.text is not None and app.text.bert_style:  # the vocab one token a line, or the SentencePiece model
+            name, data, _ = tokenizer_file(app.text)
+            (d / name).write_bytes(data)
+            files[name] = str(d / name)
         elif app.text is not None:
             (d / VOCAB_FILE).write_bytes(Path(app.text.vocab).read_bytes())
             files[VOCAB_FILE] = str(d / VOCAB_FILE)
@@ -101,12 +100,15 @@ def app_json(app: AppIO, info, written: dict | None) -> dict:
         out["audio"] = {"input": app.audio.name, "sample_rate": app.audio.rate, "channels": 1, "range": [-1.0, 1.0]}
     elif app.text is not None:
         t = app.text
-        out["text"] = {"input": t.name, "tokenizer": t.tokenizer, "vocab": f"{VOCAB_FILE} (packed in model.tflite)",
+        packed = tokenizer_file(t)[0] if t.bert_style else VOCAB_FILE
+        out["text"] = {"input": t.name, "tokenizer": t.tokenizer, "vocab": f"{packed} (packed in model.tflite)",
                        "vocab_from": str(t.vocab), "dtype": "int32"}
-        if t.tokenizer == "bert":
+        if t.bert_style:
             out["text"].update(inputs={"ids": t.names[0], "mask": t.names[1], "segment_ids": t.names[2]},
-                               sentence_to_input="ASCII lower-case, split on whitespace and punctuation, WordPiece "
-                                                 "(##), [CLS] pieces [SEP], cut or padded with 0 to the input length")
+                               sentence_to_input=("ASCII lower-case, " + (
+                                   "SentencePiece" if t.tokenizer == "sentencepiece" else
+                                   "split on whitespace and punctuation, WordPiece (##)") +
+                                   ", [CLS] pieces [SEP], cut or padded with 0 to the input length"))
         else:
             out["text"]["delimiter"] = t.delimiter
     if written:

@@ -18,14 +18,14 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from tpu_pipeline.convert.app_io import wordpiece
+from tpu_pipeline.convert.app_io import unigram, wordpiece
 from tpu_pipeline.errors import UserError
 
 # MediaPipe's RegexTokenizer conventions (metadata_schema.fbs RegexTokenizerOptions; Model Maker's
 # average-word-embedding text classifier): these three tokens must be in the vocab
 PAD, START, UNKNOWN = "<PAD>", "<START>", "<UNKNOWN>"
 REGEX_DELIMITER = r"[^\w\']+"
-TOKENIZERS = ("regex", "bert")  # what this version writes into metadata (SentencePiece: not yet)
+TOKENIZERS = ("regex", "bert", "sentencepiece")  # what this version writes into metadata
 BERT_MASK, BERT_SEGMENT = "attention_mask", "token_type_ids"  # Hugging Face's names: the default mask and segment inputs
 METADATA_KEYS = ("name", "description", "version", "author", "license")
 
@@ -54,9 +54,10 @@ class TextInput:
     """Token ids of a sentence. regex: MediaPipe's RegexTokenizer, `vocab` holds "token id" lines
     with <PAD> 0, <START> and <UNKNOWN>; the sentence is split on `delimiter`, started with <START>
     and padded with <PAD> to the input's length. bert: MediaPipe's BERT (WordPiece) preprocessing
-    (wordpiece.py), `vocab` a tokenizer.json or a vocab.txt of one token a line; three inputs of
-    one length: token ids (`name`), attention mask (`mask`) and segment ids (`segment`), by default
-    Hugging Face's attention_mask and token_type_ids. MediaPipe feeds int32: a model taking int64
+    (wordpiece.py), `vocab` a tokenizer.json or a vocab.txt of one token a line; sentencepiece:
+    the same preprocessing with a SentencePiece model (unigram.py), `vocab` a Unigram tokenizer.json.
+    Both fill three inputs of one length: token ids (`name`), attention mask (`mask`) and segment ids
+    (`segment`), by default Hugging Face's attention_mask and token_type_ids. MediaPipe feeds int32: a model taking int64
     ids gets them cast inside the app graph (`cast_to`, set by describe)."""
 
     name: str
@@ -68,10 +69,14 @@ class TextInput:
     cast_to: str | None = None           # the PyTorch model's id dtype when it is not int32 (describe sets it)
 
     @property
+    def bert_style(self) -> bool:
+        """MediaPipe's BERT preprocessing: [CLS] pieces [SEP] into ids, mask and segment ids."""
+        return self.tokenizer != "regex"
+
+    @property
     def names(self) -> tuple[str, ...]:
-        """The model inputs the tokenizer fills: ids (regex); ids, mask, segment ids (bert)."""
-        return (self.name,) if self.tokenizer == "regex" else (self.name, self.mask or BERT_MASK,
-                                                               self.segment or BERT_SEGMENT)
+        """The model inputs the tokenizer fills: ids (regex); ids, mask, segment ids (bert, sentencepiece)."""
+        return (self.name, self.mask or BERT_MASK, self.segment or BERT_SEGMENT) if self.bert_style else (self.name,)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -169,11 +174,22 @@ def parse_text(spec: str | TextInput) -> TextInput:
         txt = TextInput(name=name, vocab=Path(kv.pop("vocab")), **kv)
     if txt.tokenizer not in TOKENIZERS:
         raise UserError(f"--text {txt.name}: tokenizer {txt.tokenizer!r} is not one of {', '.join(TOKENIZERS)}")
-    if txt.tokenizer == "bert":
-        wordpiece.read(txt.vocab, f"--text {txt.name}")
+    if txt.bert_style:
+        tokenizer_file(txt)
     else:
         read_vocab(txt)
     return txt
+
+
+def tokenizer_file(txt: TextInput) -> tuple[str, bytes, wordpiece.Vocab]:
+    """A BERT-style input's tokenizer as MediaPipe reads it -> (the associated file's name, its bytes,
+    the vocab): bert's WordPiece vocab one token a line, sentencepiece's serialized model."""
+    what = f"--text {txt.name}"
+    if txt.tokenizer == "sentencepiece":
+        model, vocab = unigram.read(txt.vocab, what)
+        return "sentencepiece.model", model, vocab
+    vocab = wordpiece.read(txt.vocab, what)
+    return "vocab.txt", ("\n".join(vocab.tokens) + "\n").encode("utf-8"), vocab
 
 
 TEXT_KEYS = ("vocab", "tokenizer", "mask", "segment")  # --text NAME:vocab=FILE[:tokenizer=bert][:mask=..][:segment=..]
@@ -251,7 +267,7 @@ def describe(*, image=None, audio=None, text=None, labels=None, info=None, given
     said = [f for f, v in (("--image", img), ("--audio", aud), ("--text", txt)) if v is not None]
     if len(said) > 1:
         raise UserError(f"{said[0]} and {said[1]}: an artifact has one app input (one MediaPipe task)")
-    bert = txt is not None and txt.tokenizer == "bert"
+    bert = txt is not None and txt.bert_style
     if said and not bert and len(input_names) != 1:
         raise UserError(f"{said[0]}: MediaPipe's classifiers take one input; this model takes {len(input_names)} "
                         f"({', '.join(input_names)})")
@@ -285,7 +301,7 @@ def describe(*, image=None, audio=None, text=None, labels=None, info=None, given
 def _text_inputs(txt: TextInput, dims: dict, input_names: Sequence[str]) -> TextInput:
     """The tokenizer's inputs checked against the model: integer [1, length], one length; the
     dtype to cast MediaPipe's int32 to when the model takes another."""
-    if txt.tokenizer == "bert" and (len(input_names) != 3 or set(txt.names) != set(input_names)):
+    if txt.bert_style and (len(input_names) != 3 or set(txt.names) != set(input_names)):
         raise UserError(f"--text {txt.name}: MediaPipe's BERT preprocessing fills three inputs (ids {txt.names[0]}, "
                         f"mask {txt.names[1]}, segment ids {txt.names[2]}); the model takes {', '.join(input_names)} "
                         "(say the others with mask=NAME, segment=NAME)")

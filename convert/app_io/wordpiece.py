@@ -93,7 +93,7 @@ def _from_tokenizer_json(text: str, path: Path, what: str) -> Vocab:
                                f"tokenizer writes {UNK}")
     notes = [_lowercase_note(tok.get("normalizer"), path, what)]
     _check_pre_tokenizer(tok.get("pre_tokenizer"), path, what)
-    _check_template(tok.get("post_processor"), path, what)
+    check_template(tok.get("post_processor"), path, what)
     if model.get("max_input_chars_per_word", MAX_CHARS_PER_WORD) != MAX_CHARS_PER_WORD:
         notes.append(f"a word over {MAX_CHARS_PER_WORD} characters becomes [UNK] in MediaPipe (the folder's tokenizer "
                      f"allows {model['max_input_chars_per_word']})")
@@ -113,15 +113,15 @@ def _check_tokens(tokens: tuple[str, ...], where: str) -> None:
                                "writes around every sentence")
 
 
-def _normalizers(n) -> list[dict]:
+def normalizer_steps(n) -> list[dict]:
     if not isinstance(n, dict):
         return []
-    return [x for s in n.get("normalizers", []) for x in _normalizers(s)] if n.get("type") == "Sequence" else [n]
+    return [x for s in n.get("normalizers", []) for x in normalizer_steps(s)] if n.get("type") == "Sequence" else [n]
 
 
 def _lowercase_note(normalizer, path: Path, what: str) -> str:
     """Refuses a cased tokenizer; the note on what MediaPipe's ASCII-only lower-casing still changes."""
-    steps = _normalizers(normalizer)
+    steps = normalizer_steps(normalizer)
     bert = next((s for s in steps if s.get("type") == "BertNormalizer"), None)
     lower = bool(bert and bert.get("lowercase")) or any(s.get("type") == "Lowercase" for s in steps)
     if not lower:
@@ -140,7 +140,7 @@ def _check_pre_tokenizer(pre, path: Path, what: str) -> None:
                                "tokenizer splits on whitespace and punctuation as BertPreTokenizer does")
 
 
-def _check_template(post, path: Path, what: str) -> None:
+def check_template(post, path: Path, what: str) -> None:
     """The single-sentence template must be [CLS] sentence [SEP], all segment 0, as MediaPipe packs it."""
     kind = post.get("type") if isinstance(post, dict) else None
     if kind == "BertProcessing":

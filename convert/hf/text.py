@@ -2,19 +2,21 @@
 encoders). Text goes through the folder's own tokenizer (tokenizer.json, the `tokenizers`
 library; Transformers 5 saves a BERT tokenizer as tokenizer.json alone), padded to a fixed length:
 --max-len, else the smaller of the model's positions and DEFAULT_LEN. A sequence classifier whose
-tokenizer MediaPipe's BERT preprocessing reproduces (app_io/wordpiece.py) is described as a
-TextClassifier input: its WordPiece vocab goes into the artifact's metadata."""
+tokenizer MediaPipe's BERT preprocessing reproduces (a WordPiece one, app_io/wordpiece.py, or a
+Unigram one as a SentencePiece model, app_io/unigram.py) is described as a TextClassifier input:
+its vocab or model goes into the artifact's metadata."""
 
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from tpu_pipeline.convert.app_io import TextInput
-from tpu_pipeline.convert.app_io import wordpiece
+from tpu_pipeline.convert.app_io import TextInput, wordpiece
+from tpu_pipeline.convert.app_io.spec import tokenizer_file
 from tpu_pipeline.convert.hf import raw_data
 from tpu_pipeline.convert.hf.families import Rows, TaskFamily, Wrapped, register_family
 from tpu_pipeline.convert.tool_output import first_line
@@ -36,6 +38,19 @@ def tokenizer(folder):
         return transformers.AutoTokenizer.from_pretrained(folder.path, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - a malformed tokenizer fails in many ways
         raise UserError(f"{folder.path}: cannot load its tokenizer ({type(e).__name__}: {first_line(e)})") from None
+
+
+TOKENIZER_FOR = {"WordPiece": "bert", "Unigram": "sentencepiece"}  # tokenizer.json model type -> app_io's tokenizer
+
+
+def _model_type(path: Path) -> str:
+    """tokenizer.json's model type; a vocab.txt is a WordPiece vocab."""
+    if path.suffix != ".json":
+        return "WordPiece"
+    try:
+        return str((json.loads(path.read_text(encoding="utf-8")).get("model") or {}).get("type"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        raise UserError(f"{path}: cannot read it ({type(e).__name__}: {e})") from None
 
 
 class _TextFamily(TaskFamily):
@@ -89,15 +104,22 @@ class SequenceClassification(_TextFamily):
         return Wrapped(self.model, self.input_names, self.output_names, ignored=self.ignored)
 
     def _bert_input(self) -> TextInput | None:
-        """MediaPipe's BERT input when its preprocessing tokenizes as the folder's tokenizer does, else None
-        with a note saying why the artifact gets labels only (no TextClassifier metadata, no client check)."""
+        """MediaPipe's BERT-style input (WordPiece or SentencePiece, by tokenizer.json's model type) when its
+        preprocessing tokenizes as the folder's tokenizer does, else None with a note saying why the
+        artifact gets labels only (no TextClassifier metadata, no client check)."""
         vocab = next((p for p in (self.folder.path / n for n in ("tokenizer.json", "vocab.txt")) if p.is_file()), None)
+        kind = _model_type(vocab)
+        tokenizer = TOKENIZER_FOR.get(kind)
         why = None
-        if self.names[:2] != list(INPUTS[:2]):
+        if tokenizer is None:
+            why = (f"its tokenizer is {kind}; MediaPipe's TextClassifier reads WordPiece (BERT) or Unigram "
+                   "(SentencePiece) ones")
+        elif self.names[:2] != list(INPUTS[:2]):
             why = f"the model takes {', '.join(self.names)}; MediaPipe's BERT preprocessing fills {', '.join(INPUTS)}"
         else:
+            text = TextInput(name=INPUTS[0], vocab=vocab, tokenizer=tokenizer, mask=INPUTS[1], segment=INPUTS[2])
             try:
-                found = wordpiece.read(vocab, "the folder's tokenizer")
+                found = tokenizer_file(text)[2]
             except wordpiece.NotMediaPipeBert as e:  # readable, but MediaPipe would tokenize differently
                 why = str(e).split(": ", 1)[1]
         if why:
@@ -111,10 +133,10 @@ class SequenceClassification(_TextFamily):
                               "segment ids are all 0); " + ("the model takes it" if takes else
                                                             f"{type(self.model).__name__} has no use for it and the "
                                                             "graph ignores it"))
-        self.notes.append(f"MediaPipe TextClassifier input: BERT WordPiece, vocab from {found.source} "
+        self.notes.append(f"MediaPipe TextClassifier input: {tokenizer} tokenizer from {found.source} "
                           f"({len(found.tokens)} tokens), {self.max_len} tokens")
         self.notes.extend(found.notes)
-        return TextInput(name=INPUTS[0], vocab=vocab, tokenizer="bert", mask=INPUTS[1], segment=INPUTS[2])
+        return text
 
     def app_io(self) -> dict:
         return {"labels": self.labels(), **({"text": self.text} if self.text else {})}

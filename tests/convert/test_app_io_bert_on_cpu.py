@@ -94,8 +94,8 @@ def test_text_flag_takes_the_bert_tokenizer(tmp_path):
     p = _saved_tokenizer(tmp_path / "tok")
     assert parse_text(f"ids:vocab={p}:tokenizer=bert:mask=m:segment=s") == TextInput(
         name="ids", vocab=p, tokenizer="bert", mask="m", segment="s")
-    with pytest.raises(UserError, match="tokenizer 'sentencepiece' is not one of regex, bert"):
-        parse_text(f"ids:vocab={p}:tokenizer=sentencepiece")
+    with pytest.raises(UserError, match="tokenizer .bpe. is not one of regex, bert, sentencepiece"):
+        parse_text(f"ids:vocab={p}:tokenizer=bpe")
 
 
 def _tiny_bert():
@@ -217,3 +217,67 @@ def test_a_model_without_segment_ids_takes_the_third_input_mediapipe_fills_and_i
         want = model(input_ids=ids, attention_mask=mask).logits
         assert torch.equal(fam.module()(ids, mask, types)[0], want)
         assert torch.equal(fam.module()(ids, mask, torch.ones_like(types))[0], want)
+
+
+def _unigram_json(tmp_path):
+    tok = hf._unigram_tokenizer(WORDS[:3])
+    tok.save_pretrained(tmp_path / "sp")
+    assert not list((tmp_path / "sp").glob("*.model"))  # Transformers 5 saves tokenizer.json alone
+    return tok, tmp_path / "sp" / "tokenizer.json"
+
+
+def test_sentencepiece_model_from_tokenizer_json_encodes_as_the_tokenizer_does(tmp_path):
+    import sentencepiece as spm
+
+    from tpu_pipeline.convert.app_io import unigram
+
+    tok, path = _unigram_json(tmp_path)
+    model, vocab = unigram.read(path, "t")
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    assert [sp.IdToPiece(i) for i in range(sp.GetPieceSize())] == list(vocab.tokens) == \
+        tok.convert_ids_to_tokens(list(range(len(tok))))
+    # what MediaPipe does: ASCII lower-case, encode, look each piece up, [CLS] ... [SEP]
+    for s in ["The GOOD film!", "bad  films, goodish", "zz film"]:
+        ids = [sp.PieceToId("[CLS]")] + [sp.PieceToId(p) for p in sp.EncodeAsPieces(s.lower())] + [sp.PieceToId("[SEP]")]
+        assert ids == tok(s)["input_ids"], s
+    assert any("non-ASCII" in n for n in vocab.notes)
+
+
+@pytest.mark.parametrize("edit, words, cls", [
+    (lambda t: t["normalizer"]["normalizers"].__setitem__(slice(None), [{"type": "NFKD"}]), ["cased"],
+     wordpiece.NotMediaPipeBert),
+    (lambda t: t["model"].update(byte_fallback=True), ["bytes"], wordpiece.NotMediaPipeBert),
+    (lambda t: t["model"].update(vocab=[]), ["no pieces"], UserError),
+    (lambda t: t["model"]["vocab"].append(["\u2581good\u2581film", -1.0]), ["spanning words"],
+     wordpiece.NotMediaPipeBert),
+    (lambda t: t.update(pre_tokenizer={"type": "BertPreTokenizer"}), ["Metaspace"], wordpiece.NotMediaPipeBert),
+])
+def test_unigram_tokenizers_mediapipe_would_read_differently_are_refused(tmp_path, edit, words, cls):
+    from tpu_pipeline.convert.app_io import unigram
+
+    _, path = _unigram_json(tmp_path)
+    tok = json.loads(path.read_text())
+    edit(tok)
+    path.write_text(json.dumps(tok))
+    with pytest.raises(cls) as e:
+        unigram.read(path, "--text input_ids")
+    assert "\n" not in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
+    if cls is UserError:
+        assert not isinstance(e.value, wordpiece.NotMediaPipeBert)
+
+
+def test_sequence_family_takes_a_sentencepiece_tokenizer_and_refuses_bpe(tmp_path):
+    from transformers import AlbertForSequenceClassification
+
+    folder = hf.save_albert_seq(tmp_path / "albert", steps=0)
+    fam = SequenceClassification(open_folder(folder), AlbertForSequenceClassification.from_pretrained(folder), None)
+    assert fam.app_io()["text"].tokenizer == "sentencepiece" and fam.input_names[-1] == "token_type_ids"
+    bpe = shutil.copytree(folder, tmp_path / "bpe")
+    tok = json.loads((bpe / "tokenizer.json").read_text())
+    tok["model"] = {"type": "BPE", "vocab": {p: i for i, (p, _) in enumerate(tok["model"]["vocab"])}, "merges": []}
+    (bpe / "tokenizer.json").write_text(json.dumps(tok))
+    cfg = json.loads((bpe / "tokenizer_config.json").read_text())  # the generic class loads any tokenizer.json
+    (bpe / "tokenizer_config.json").write_text(json.dumps({**cfg, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    fam = SequenceClassification(open_folder(bpe), AlbertForSequenceClassification.from_pretrained(bpe), None)
+    assert "text" not in fam.app_io()
+    assert any(n.startswith("no MediaPipe TextClassifier metadata (labels only): its tokenizer is BPE") for n in fam.notes)

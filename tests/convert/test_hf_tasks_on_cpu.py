@@ -25,6 +25,9 @@ CASES = {  # folder builder, raw data builder, task, metric, PyTorch's score at 
     # two inputs (no token_type_ids): the artifact takes a third MediaPipe fills and the graph ignores
     "distilbert_seq": (hf.save_distilbert_seq, lambda d: hf.sentiment_csv(d / "sent.csv"), "sequence-classification",
                        "accuracy", 0.9),
+    # a SentencePiece (Unigram) tokenizer: MediaPipe gets the SentencePiece model written from tokenizer.json
+    "albert_seq": (hf.save_albert_seq, lambda d: hf.sentiment_csv(d / "sent.csv"), "sequence-classification",
+                   "accuracy", 0.9),
     "bert_tok": (hf.save_bert_tok, lambda d: hf.entity_jsonl(d / "ent.jsonl"), "token-classification",
                  "entity_f1", 0.8),
     "wav2vec2": (hf.save_wav2vec2, lambda d: hf.wav_folder(d / "wavs"), "audio-classification", "accuracy", 0.9),

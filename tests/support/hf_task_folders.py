@@ -7,6 +7,7 @@ would bring (image folders, CSV/JSONL text, .wav files with labels.csv): issue 3
 - bert_seq: BertForSequenceClassification, positive vs negative sentences (WordPiece vocab in
   tokenizer.json); raw data: a CSV with text,label columns.
 - distilbert_seq: DistilBertForSequenceClassification on the same task (no token_type_ids input).
+- albert_seq: AlbertForSequenceClassification on the same task, a SentencePiece (Unigram) tokenizer.
 - bert_tok: BertForTokenClassification tagging person and place names (B-PER, I-PER, B-LOC, O);
   raw data: JSONL rows {"tokens": [...], "tags": [...]}.
 - wav2vec2: Wav2Vec2ForSequenceClassification telling low from high tones at 16 kHz; raw data:
@@ -150,6 +151,37 @@ def save_distilbert_seq(out: Path, *, steps: int = 80, seed: int = 0, max_len: i
                            max_position_embeddings=max_len, num_labels=2, id2label={0: "negative", 1: "positive"},
                            label2id={"negative": 0, "positive": 1})
     model = DistilBertForSequenceClassification(cfg)
+    rows = sentiment_rows(np.random.default_rng(seed), 256)
+    enc = tok([t for t, _ in rows], padding="max_length", max_length=16, truncation=True, return_tensors="pt")
+    y = torch.tensor([1 if lab == "positive" else 0 for _, lab in rows])
+    _fit(model, lambda s: {**{k: v[s * 32 % 256:][:32] for k, v in enc.items()}, "labels": y[s * 32 % 256:][:32]},
+         steps)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _unigram_tokenizer(words):
+    """An ALBERT (SentencePiece Unigram) tokenizer: a piece per word, letters for the rest."""
+    from transformers import AlbertTokenizer
+
+    specials = [("<pad>", 0.0), ("<unk>", 0.0), ("[CLS]", 0.0), ("[SEP]", 0.0), ("[MASK]", 0.0)]
+    pieces = [("\u2581" + w, -2.0 - 0.01 * i) for i, w in enumerate(sorted(set(words)))]
+    letters = [("\u2581", -3.0)] + [(c, -5.0) for c in "abcdefghijklmnopqrstuvwxyz"]
+    return AlbertTokenizer(vocab=specials + pieces + letters)
+
+
+def save_albert_seq(out: Path, *, steps: int = 80, seed: int = 0, max_len: int = 32) -> Path:
+    """AlbertForSequenceClassification on the same task with a SentencePiece (Unigram) tokenizer, saved as
+    Transformers 5 saves it: tokenizer.json alone, no .model file."""
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    torch.manual_seed(seed)
+    tok = _unigram_tokenizer(POSITIVE + NEGATIVE + FILLER)
+    cfg = AlbertConfig(vocab_size=len(tok), embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=2, intermediate_size=64, max_position_embeddings=max_len, num_labels=2,
+                       id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})
+    model = AlbertForSequenceClassification(cfg)
     rows = sentiment_rows(np.random.default_rng(seed), 256)
     enc = tok([t for t, _ in rows], padding="max_length", max_length=16, truncation=True, return_tensors="pt")
     y = torch.tensor([1 if lab == "positive" else 0 for _, lab in rows])
