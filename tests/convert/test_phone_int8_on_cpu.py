@@ -87,10 +87,12 @@ def test_xnnpack_plan_counts_partitions_and_the_ops_left(block):
     assert base["partitions"] == 2 and base["left"] == {"FULLY_CONNECTED": 1} and base["ops"] > 20, base
     assert base["delegated"] == base["ops"] - 1
     int8 = xnnpack_plan(quantize(fm, "static_int8_float_io", rows))
-    assert int8["partitions"] > base["partitions"] and {"BATCH_MATMUL", "GELU"} <= set(int8["left"]), int8["left"]
+    # which int8 ops XNNPACK takes depends on the CPU (BATCH_MATMUL is left on one x86 and delegated on
+    # another); GELU has no int8 kernel on any, so the int8 graph always splits further than float32
+    assert int8["partitions"] > base["partitions"] and "GELU" in int8["left"], int8["left"]
     assert int8["ops"] - int8["delegated"] == sum(int8["left"].values()) == len(int8["left_scopes"])
     line = splits_more(int8, base)
-    assert line and f"{int8['partitions']} partition(s)" in line and "BATCH_MATMUL" in line
+    assert line and f"{int8['partitions']} partition(s)" in line and "GELU" in line
     assert splits_more(base, base) is None
 
 
