@@ -75,9 +75,11 @@ from tpu_pipeline.cli.commands import EXIT_CODES_HELP, register
 @click.option("--audio", default=None, metavar="NAME:rate=HZ",
               help="Input NAME is a mono waveform in -1..1 at HZ: audio metadata, checked as a MediaPipe "
                    "AudioClassifier.")
-@click.option("--text", default=None, metavar="NAME:vocab=FILE",
-              help="Input NAME is token ids of a regex tokenizer (FILE: \"token id\" lines with <PAD>, <START>, "
-                   "<UNKNOWN>): tokenizer metadata with the vocab, checked as a MediaPipe TextClassifier.")
+@click.option("--text", default=None, metavar="NAME:vocab=FILE[:tokenizer=bert|sentencepiece]",
+              help="Input NAME is token ids: of a regex tokenizer by default (FILE: \"token id\" lines with <PAD>, "
+                   "<START>, <UNKNOWN>), of BERT's WordPiece (FILE: vocab.txt or tokenizer.json) or of a SentencePiece "
+                   "Unigram (FILE: tokenizer.json): tokenizer metadata with the vocab, checked as a MediaPipe "
+                   "TextClassifier.")
 @click.option("--labels", default=None, type=click.Path(),
               help="One label per line, index = class of the first output: written into the metadata; a logits head "
                    "gets a softmax so its scores are probabilities.")
