@@ -124,12 +124,8 @@ def _bert(cls, tok, num_labels: int, id2label: dict, max_len: int):
     return cls(cfg)
 
 
-def save_bert_seq(out: Path, *, steps: int = 80, seed: int = 0, max_len: int = 32) -> Path:
-    from transformers import BertForSequenceClassification
-
-    torch.manual_seed(seed)
-    tok = _tokenizer(POSITIVE + NEGATIVE + FILLER)
-    model = _bert(BertForSequenceClassification, tok, 2, {0: "negative", 1: "positive"}, max_len)
+def _fit_sentiment(model, tok, out: Path, steps: int, seed: int) -> Path:
+    """Trains a sequence classifier on 256 sentiment rows and saves it beside its tokenizer."""
     rows = sentiment_rows(np.random.default_rng(seed), 256)
     enc = tok([t for t, _ in rows], padding="max_length", max_length=16, truncation=True, return_tensors="pt")
     y = torch.tensor([1 if lab == "positive" else 0 for _, lab in rows])
@@ -138,6 +134,15 @@ def save_bert_seq(out: Path, *, steps: int = 80, seed: int = 0, max_len: int = 3
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def save_bert_seq(out: Path, *, steps: int = 80, seed: int = 0, max_len: int = 32) -> Path:
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    tok = _tokenizer(POSITIVE + NEGATIVE + FILLER)
+    model = _bert(BertForSequenceClassification, tok, 2, {0: "negative", 1: "positive"}, max_len)
+    return _fit_sentiment(model, tok, out, steps, seed)
 
 
 def save_distilbert_seq(out: Path, *, steps: int = 80, seed: int = 0, max_len: int = 32) -> Path:
@@ -151,14 +156,7 @@ def save_distilbert_seq(out: Path, *, steps: int = 80, seed: int = 0, max_len: i
                            max_position_embeddings=max_len, num_labels=2, id2label={0: "negative", 1: "positive"},
                            label2id={"negative": 0, "positive": 1})
     model = DistilBertForSequenceClassification(cfg)
-    rows = sentiment_rows(np.random.default_rng(seed), 256)
-    enc = tok([t for t, _ in rows], padding="max_length", max_length=16, truncation=True, return_tensors="pt")
-    y = torch.tensor([1 if lab == "positive" else 0 for _, lab in rows])
-    _fit(model, lambda s: {**{k: v[s * 32 % 256:][:32] for k, v in enc.items()}, "labels": y[s * 32 % 256:][:32]},
-         steps)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return _fit_sentiment(model, tok, out, steps, seed)
 
 
 def _unigram_tokenizer(words):
@@ -182,14 +180,7 @@ def save_albert_seq(out: Path, *, steps: int = 80, seed: int = 0, max_len: int =
                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=max_len, num_labels=2,
                        id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})
     model = AlbertForSequenceClassification(cfg)
-    rows = sentiment_rows(np.random.default_rng(seed), 256)
-    enc = tok([t for t, _ in rows], padding="max_length", max_length=16, truncation=True, return_tensors="pt")
-    y = torch.tensor([1 if lab == "positive" else 0 for _, lab in rows])
-    _fit(model, lambda s: {**{k: v[s * 32 % 256:][:32] for k, v in enc.items()}, "labels": y[s * 32 % 256:][:32]},
-         steps)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return _fit_sentiment(model, tok, out, steps, seed)
 
 
 def sentiment_csv(path: Path, n: int = 24, *, seed: int = 1) -> Path:
