@@ -88,9 +88,11 @@ class ModelKind(abc.ABC):
     def variant(self, float_model: Artifact, precision: str) -> Artifact:
         """The `precision` variant of the float export; ConversionError if it cannot be made."""
 
-    def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str]) -> Artifact:
+    def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str],
+                              range_estimator: str = "moving_average") -> Artifact:
         """The `precision` variant with the ops named by `scopes` (their output tensor names) left in
-        float32; only kinds with `refines` implement it (the pipeline asks no other kind)."""
+        float32, static int8's activation ranges set by `range_estimator` (quantize.RANGE_ESTIMATORS);
+        only kinds with `refines` implement it (the pipeline asks no other kind)."""
         raise NotImplementedError(f"{type(self).__name__} has refines = False: it keeps no layer in float")
 
     @abc.abstractmethod

@@ -42,7 +42,7 @@ from tpu_pipeline.convert.npu import check as npu_check
 from tpu_pipeline.convert.npu.ai_pack import write_ai_pack
 from tpu_pipeline.convert.npu.compile import soc_model_json
 from tpu_pipeline.convert.options import FLAGS, ConvertOptions
-from tpu_pipeline.convert.precision.quantize import CALIBRATED, RANGE_ESTIMATORS, quantize
+from tpu_pipeline.convert.precision.quantize import CALIBRATED, RANGE_ESTIMATORS
 from tpu_pipeline.convert.report import render_html
 from tpu_pipeline.convert.result import Artifact, ConvertResult, Parity, TargetResult
 from tpu_pipeline.convert.runtimes import browser, overlap
@@ -614,12 +614,9 @@ def _attempt(prof: TargetProfile, precision: str, run: _Run, keep_float: tuple[s
     try:
         if key != precision and key not in run.variants:
             with clock("quantize"):
-                run.variants[key] = (
-                    run.model.variant_keeping_float(run.float_model, precision, list(keep_float))
-                    if range_estimator == DEFAULT_RANGES else
-                    # only ModuleKind calibrates (LM recipes never reach here: _repair_ranges asks for it)
-                    Artifact(model=quantize(run.float_model.model, precision, run.model.calib, keep_float=keep_float,
-                                            range_estimator=range_estimator), precision=precision))
+                # only ModuleKind calibrates (LM recipes never reach here: _repair_ranges asks for it)
+                run.variants[key] = run.model.variant_keeping_float(run.float_model, precision, list(keep_float),
+                                                                    range_estimator)
         art = r.artifact = run.variant(key, clock)
         r.info, r.size_bytes = inspect_model(art.model), len(art.model)
         if prof.runtime == "ai-edge-litert" and isinstance(run.model, ModuleKind):

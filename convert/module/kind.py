@@ -268,15 +268,7 @@ class ModuleKind(ModelKind):
             if lstm_int8.NOTE not in self.notes:
                 self.notes.append(lstm_int8.NOTE)
             return self._noted(Artifact(model=lstm_int8.full_integer(float_model.model, self.calib), precision=precision))
-        model = quantize(float_model.model, precision, self.calib)
-        if precision in ("dynamic_int8", "static_int8_float_io") and (self.calib or precision == "dynamic_int8"):
-            # ops XNNPACK runs in float but not in this int8 form (dynamic int8's DEPTHWISE_CONV_2D, static
-            # int8's BATCH_MATMUL, SOFTMAX ...) kept float32 when that measures faster
-            source, row = float_model.model, (self.calib or [self._keyed(float_model.model, self.samples[0])])[0]
-            model, rec = whole_on_xnnpack(source, model, lambda scopes: quantize(
-                source, precision, self.calib, keep_float=scopes), row)
-            if (note := f"{precision}: {rec['why']} (precision/xnnpack_int8.py)") not in self.notes:
-                self.notes.append(note)
+        model = self._quantized(float_model.model, precision, [])
         if precision in ("dynamic_int8", "static_int8_float_io") and lstm_count(model):  # the quantizer leaves fused LSTMs float32
             model = int8_weights(model)
             if LSTM_INT8_NOTE not in self.notes:
@@ -288,10 +280,27 @@ class ModuleKind(ModelKind):
         """A parity sample as {input key: array} in the artifact's dtypes (what the quantizer's rows are)."""
         return {t.key: np.asarray(x).astype(t.dtype) for x, t in zip(sample, inspect_model(model).inputs)}
 
-    def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str]) -> Artifact:
+    def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str],
+                              range_estimator: str = "moving_average") -> Artifact:
         float_model, precision = self._source(float_model, precision)
-        return self._noted(Artifact(model=quantize(float_model.model, precision, self.calib, keep_float=scopes),
+        return self._noted(Artifact(model=self._quantized(float_model.model, precision, scopes, range_estimator),
                                     precision=precision))
+
+    def _quantized(self, source: bytes, precision: str, keep: list[str],
+                   range_estimator: str = "moving_average") -> bytes:
+        """`precision` of `source` with the `keep` op scopes float32; for XNNPACK's int8 forms also the ops
+        XNNPACK runs in float but not in that int8 form (dynamic int8's DEPTHWISE_CONV_2D, static int8's
+        SOFTMAX, GELU ...), kept float32 when that measures faster (the accuracy-aware rounds' variants too)."""
+        def made(scopes: list[str]) -> bytes:
+            return quantize(source, precision, self.calib, keep_float=scopes, range_estimator=range_estimator)
+
+        model = made(keep)
+        if precision in ("dynamic_int8", "static_int8_float_io") and (self.calib or precision == "dynamic_int8"):
+            row = (self.calib or [self._keyed(source, self.samples[0])])[0]
+            model, rec = whole_on_xnnpack(source, model, lambda scopes: made([*keep, *scopes]), row)
+            if (note := f"{precision}: {rec['why']} (precision/xnnpack_int8.py)") not in self.notes:
+                self.notes.append(note)
+        return model
 
     def _noted(self, art: Artifact) -> Artifact:
         # what quantize rewrote for TFLM is named in the report (the artifact's metadata says it)

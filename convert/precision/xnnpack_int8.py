@@ -5,11 +5,12 @@ Dynamic int8: XNNPACK runs the quantizer's hybrid FULLY_CONNECTED and CONV_2D (i
 activations quantized on the fly) but not its hybrid DEPTHWISE_CONV_2D: on MobileNetV2 (128 px)
 the 17 depthwise convs went to TFLite's builtin kernel and split the graph into 18 partitions.
 
-XNNPACK (ai-edge-litert 2.3) takes the quantizer's int8 CONV_2D, FULLY_CONNECTED, ADD, MEAN,
-QUANTIZE/DEQUANTIZE ..., but not int8 BATCH_MATMUL, SOFTMAX, GELU, RSQRT or LayerNorm's
-SQUARED_DIFFERENCE/SUB: measured on a 4-layer transformer encoder (d 128, 64 tokens, one
-thread), all-int8 split into 41 partitions and ran 2.2x slower than float32 (2.23 vs 1.10 ms);
-with those ops kept float32 inside the int8 graph XNNPACK ran it whole (1 partition) in 0.37 ms.
+XNNPACK (ai-edge-litert 2.3, on an x86 with AMX) takes the quantizer's int8 CONV_2D,
+FULLY_CONNECTED, ADD, MEAN, QUANTIZE/DEQUANTIZE ..., but not int8 BATCH_MATMUL, SOFTMAX, GELU,
+RSQRT or LayerNorm's SQUARED_DIFFERENCE/SUB (which int8 ops it takes varies by CPU: CI's x86 took
+BATCH_MATMUL): measured on a 4-layer transformer encoder (d 128, 64 tokens, one thread), all-int8
+split into 41 partitions and ran 2.2x slower than float32 (2.23 vs 1.10 ms); with those ops kept
+float32 inside the int8 graph XNNPACK ran it whole (1 partition) in 0.37 ms.
 On a conv net every op has an int8 kernel and nothing changes. Keeping ops in float is not
 assumed to help: both forms are timed, interleaved, and the faster one is the variant.
 """

@@ -14,8 +14,11 @@ import torch
 from torch import nn
 
 import tpu_pipeline.convert as tc
+from tpu_pipeline.convert.kinds import Artifact
 from tpu_pipeline.convert.module.export import export_float
+from tpu_pipeline.convert.module.kind import ModuleKind
 from tpu_pipeline.convert.module.loaders import load_object
+from tpu_pipeline.convert.options import ConvertOptions
 from tpu_pipeline.convert.precision import xnnpack_int8
 from tpu_pipeline.convert.precision.quantize import quantize
 from tpu_pipeline.convert.runtimes.delegation import splits_more, xnnpack_plan
@@ -112,6 +115,21 @@ def test_ops_without_an_int8_kernel_are_kept_float_only_when_faster(block):
     cint8 = quantize(cfm, "static_int8_float_io", crows)
     same, crec = xnnpack_int8.whole_on_xnnpack(cfm, cint8, lambda s: pytest.fail("nothing to keep"), crows[0])
     assert same is cint8 and crec["chosen"] == "int8" and crec["int8"]["partitions"] == 1
+
+
+def test_the_accuracy_aware_rounds_variants_are_made_whole_on_xnnpack_too(block):
+    # a range repair (min/max) or layers kept float for accuracy: the same choice as the first variant's
+    fm, rows = block
+    kind = ModuleKind.from_loaded(load_object(_Block().eval(), (torch.randn(1, 8, 16),)), ConvertOptions(samples=2),
+                                  np.random.default_rng(0))
+    kind.calib = rows
+    art = kind.variant_keeping_float(Artifact(model=fm, precision="float32"), "static_int8_float_io", [], "min_max")
+    note = next(n for n in kind.notes if n.startswith("static_int8_float_io: XNNPACK has no int8 kernel for"))
+    parts, base = xnnpack_plan(art.model)["partitions"], xnnpack_plan(fm)["partitions"]
+    assert (parts == base) if note.endswith("kept in float32 (precision/xnnpack_int8.py)") else (parts > base), note
+    # and it is min/max's variant, not the default ranges' (the ranges differ, so the bytes do)
+    assert art.model != kind.variant_keeping_float(Artifact(model=fm, precision="float32"), "static_int8_float_io",
+                                                   []).model
 
 
 @pytest.mark.slow
