@@ -48,6 +48,12 @@ class TaskFamily(abc.ABC):
         self.folder, self.model = folder, model
         self.notes: list[str] = []
 
+    @classmethod
+    def open(cls, folder: Folder, model: nn.Module, max_len: int | None) -> TaskFamily:
+        """This family loaded for the folder; a family whose folders come in kinds (audio: a waveform or
+        spectrogram features, by what the feature extractor gives) returns the class for its kind."""
+        return cls(folder, model, max_len)
+
     @property
     @abc.abstractmethod
     def input_names(self) -> list[str]:

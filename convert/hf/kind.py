@@ -64,7 +64,7 @@ class HFTaskKind(ModuleKind):
             raise UserError(f"{path / 'config.json'}: architecture {folder.architecture} has no task head this "
                             f"tool knows (it converts the heads of {', '.join(known_heads())} and "
                             "AutoModelForCausalLM)")
-        family = family_cls(folder, _model(folder), o.lm_max_len)
+        family = family_cls.open(folder, _model(folder), o.lm_max_len)
         # eval rows first: an audio clip length is the longest eval clip's unless --max-len says it
         ev = None
         if o.eval_data is not None and is_raw(Path(o.eval_data)):

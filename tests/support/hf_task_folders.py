@@ -12,6 +12,11 @@ would bring (image folders, CSV/JSONL text, .wav files with labels.csv): issue 3
   raw data: JSONL rows {"tokens": [...], "tags": [...]}.
 - wav2vec2: Wav2Vec2ForSequenceClassification telling low from high tones at 16 kHz; raw data:
   .wav files (16-bit PCM, stdlib wave) with labels.csv (file_name,label).
+- ast: ASTForAudioClassification on the same tones, ASTFeatureExtractor's log-mel filter banks (16 mel
+  bins, 64 frames) computed outside the model; raw data: the same .wav folder.
+- whisper: WhisperForAudioClassification on the same tones, WhisperFeatureExtractor's log-mel
+  spectrogram (16 mel bins) with a 1 s window (chunk_length 1: 100 frames, the encoder's
+  max_source_positions 50) instead of Whisper's 30 s; raw data: the same .wav folder.
 - segformer: SegformerForSemanticSegmentation marking a bright square; raw data: images/ and
   masks/ (PNG class indices, same file names).
 """
@@ -273,6 +278,44 @@ def save_wav2vec2(out: Path, *, steps: int = 40, seed: int = 0) -> Path:
     model.save_pretrained(out)
     fe.save_pretrained(out)
     return out
+
+
+def _fit_tones(model, fe, name: str, out: Path, steps: int, seed: int) -> Path:
+    """Trains an audio classifier on 128 tones through its feature extractor and saves it beside the extractor."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, 128)
+    x = fe([tone(rng, int(k)) for k in labels], sampling_rate=RATE, return_tensors="pt")[name]
+    y = torch.from_numpy(labels)
+    _fit(model, lambda s: {name: x[s * 16 % 128:][:16], "labels": y[s * 16 % 128:][:16]}, steps)
+    model.save_pretrained(out)
+    fe.save_pretrained(out)
+    return out
+
+
+def save_ast(out: Path, *, steps: int = 30, seed: int = 0) -> Path:
+    """ASTForAudioClassification on ASTFeatureExtractor's input_values [1, 64 frames, 16 mel bins] (0.64 s)."""
+    from transformers import ASTConfig, ASTFeatureExtractor, ASTForAudioClassification
+
+    torch.manual_seed(seed)
+    cfg = ASTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, patch_size=8,
+                    frequency_stride=8, time_stride=8, max_length=64, num_mel_bins=16, num_labels=2,
+                    id2label=dict(enumerate(TONES)), label2id={t: i for i, t in enumerate(TONES)})
+    fe = ASTFeatureExtractor(sampling_rate=RATE, num_mel_bins=16, max_length=64)
+    return _fit_tones(ASTForAudioClassification(cfg), fe, "input_values", out, steps, seed)
+
+
+def save_whisper(out: Path, *, steps: int = 30, seed: int = 0) -> Path:
+    """WhisperForAudioClassification on WhisperFeatureExtractor's input_features [1, 16 mel bins, 100 frames]:
+    a 1 s window (chunk_length 1) the encoder's 50 positions take (two frames a position)."""
+    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForAudioClassification
+
+    torch.manual_seed(seed)
+    cfg = WhisperConfig(num_mel_bins=16, d_model=32, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64,
+                        decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=64, max_source_positions=50,
+                        vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+                        num_labels=2, id2label=dict(enumerate(TONES)), label2id={t: i for i, t in enumerate(TONES)})
+    fe = WhisperFeatureExtractor(feature_size=16, sampling_rate=RATE, chunk_length=1)
+    return _fit_tones(WhisperForAudioClassification(cfg), fe, "input_features", out, steps, seed)
 
 
 def write_wav(path: Path, x: np.ndarray, rate: int = RATE) -> None:
