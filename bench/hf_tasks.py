@@ -2,7 +2,8 @@
 shipped precision, the task score on the artifact's runtime against PyTorch's through the same
 processor, and the whole convert's wall time against a bare litert-torch export of the same model.
 
-Folders: tiny ViT, BERT (sequence, token), DistilBERT and ALBERT (sequence), Wav2Vec2, Segformer and DETR trained here for seconds
+Folders: tiny ViT, BERT (sequence, token), DistilBERT and ALBERT (sequence), Wav2Vec2, AST and Whisper (audio on
+spectrogram features computed outside the artifact), Segformer and DETR trained here for seconds
 (tpu_pipeline.testing.hf_task_folders), saved with save_pretrained beside their processors; raw
 eval data and a separate raw calibration set of the same kind (image folders, CSV/JSONL text, wav
 folder with labels.csv, images/ + masks/, images + boxes.csv). The bare export is `litert_torch.convert(module,
@@ -42,6 +43,9 @@ CASES = {  # builder, raw eval data, raw calibration data (other rows)
                  lambda d: hf.entity_jsonl(d / "calib.jsonl", 24, seed=7)),
     "wav2vec2": (hf.save_wav2vec2, lambda d: hf.wav_folder(d / "eval", 32),
                  lambda d: hf.wav_folder(d / "calib", 16, seed=7)),
+    "ast": (hf.save_ast, lambda d: hf.wav_folder(d / "eval", 32), lambda d: hf.wav_folder(d / "calib", 16, seed=7)),
+    "whisper": (hf.save_whisper, lambda d: hf.wav_folder(d / "eval", 32),
+                lambda d: hf.wav_folder(d / "calib", 16, seed=7)),
     "segformer": (hf.save_segformer, lambda d: hf.mask_folder(d / "eval", 32),
                   lambda d: hf.mask_folder(d / "calib", 16, seed=7)),
     "detr": (hf.save_detr, lambda d: hf.box_folder(d / "eval", 32), lambda d: hf.box_folder(d / "calib", 16, seed=7)),
@@ -52,7 +56,7 @@ def bare_export_s(folder: Path, work: Path) -> float:
     import litert_torch
 
     f = open_folder(folder)
-    fam = family_for(f.architecture)(f, _model(f), None)
+    fam = family_for(f.architecture).open(f, _model(f), None)
     t = time.perf_counter()
     litert_torch.convert(fam.module().eval(), fam.sample_args).export(str(work / "bare.tflite"))
     return time.perf_counter() - t
@@ -66,7 +70,7 @@ def app_graph_bytes(folder: Path, work: Path) -> int | None:
     from tpu_pipeline.convert.app_io.graph import AppGraph
 
     f = open_folder(folder)
-    fam = family_for(f.architecture)(f, _model(f), None)
+    fam = family_for(f.architecture).open(f, _model(f), None)
     text = fam.app_io().get("text")
     if text is None:
         return None
