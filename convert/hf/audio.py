@@ -186,6 +186,8 @@ class SpectrogramClassification(_AudioFamily):
     def __init__(self, folder, model, max_len, extractor, features: tuple[str, tuple[int, ...]]):
         super().__init__(folder, model, max_len, extractor)
         self.feature_name, self.shape = features
+        # one example row (export, the shape check below), extracted once
+        self._sample = torch.from_numpy(_extract(self.extractor, [_probe(self.rate, 0.5)], self.rate, "a test tone")[1])
         fe = type(self.extractor).__name__
         if max_len is not None:
             raise UserError(f"--max-len {max_len}: {folder.architecture} takes {fe}'s {self.feature_name} "
@@ -241,7 +243,7 @@ class SpectrogramClassification(_AudioFamily):
 
     @property
     def sample_args(self) -> tuple[torch.Tensor, ...]:
-        return (torch.from_numpy(_extract(self.extractor, [_probe(self.rate, 0.5)], self.rate, "a test tone")[1]),)
+        return (self._sample,)
 
     def rows(self, path: Path, flag: str) -> Rows:
         items, clips, labels = self._clips(path, flag)
