@@ -24,6 +24,7 @@ from typing import Callable, ClassVar
 import numpy as np
 
 from tpu_pipeline.convert.options import ConvertOptions
+from tpu_pipeline.convert.precision.quantize import DEFAULT_RANGES
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
 from tpu_pipeline.convert.targets import TargetProfile
 from tpu_pipeline.convert.tflite_info import ModelInfo
@@ -89,7 +90,7 @@ class ModelKind(abc.ABC):
         """The `precision` variant of the float export; ConversionError if it cannot be made."""
 
     def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str],
-                              range_estimator: str = "moving_average") -> Artifact:
+                              range_estimator: str = DEFAULT_RANGES) -> Artifact:
         """The `precision` variant with the ops named by `scopes` (their output tensor names) left in
         float32, static int8's activation ranges set by `range_estimator` (quantize.RANGE_ESTIMATORS);
         only kinds with `refines` implement it (the pipeline asks no other kind)."""

@@ -42,7 +42,7 @@ from tpu_pipeline.convert.npu import check as npu_check
 from tpu_pipeline.convert.npu.ai_pack import write_ai_pack
 from tpu_pipeline.convert.npu.compile import soc_model_json
 from tpu_pipeline.convert.options import FLAGS, ConvertOptions
-from tpu_pipeline.convert.precision.quantize import CALIBRATED, RANGE_ESTIMATORS
+from tpu_pipeline.convert.precision.quantize import CALIBRATED, DEFAULT_RANGES, RANGE_ESTIMATORS
 from tpu_pipeline.convert.report import render_html
 from tpu_pipeline.convert.result import Artifact, ConvertResult, Parity, TargetResult
 from tpu_pipeline.convert.runtimes import browser, overlap
@@ -555,7 +555,6 @@ def _refine(prof: TargetProfile, failed: TargetResult, run: _Run) -> TargetResul
     return failed
 
 
-DEFAULT_RANGES = "moving_average"  # quantize.RANGE_ESTIMATORS: ai-edge-quantizer's own
 PREFER_MARGIN = 0.10  # latency noise on shared cores: a later-listed precision must be 10% faster to win
 
 

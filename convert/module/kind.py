@@ -37,7 +37,7 @@ from tpu_pipeline.convert.module.max_pool import as_amax
 from tpu_pipeline.convert.module.recurrent import UNROLLED, as_fused
 from tpu_pipeline.convert.options import DEFAULT_SAMPLES, ConvertOptions
 from tpu_pipeline.convert.precision import tflm_int8
-from tpu_pipeline.convert.precision.quantize import CALIBRATED, quantize
+from tpu_pipeline.convert.precision.quantize import CALIBRATED, DEFAULT_RANGES, quantize
 from tpu_pipeline.convert.precision.xnnpack_int8 import whole_on_xnnpack
 from tpu_pipeline.convert.result import Artifact, Parity, TargetResult
 from tpu_pipeline.convert.runtimes.browser import browser_unavailable, run_litertjs
@@ -281,13 +281,13 @@ class ModuleKind(ModelKind):
         return {t.key: np.asarray(x).astype(t.dtype) for x, t in zip(sample, inspect_model(model).inputs)}
 
     def variant_keeping_float(self, float_model: Artifact, precision: str, scopes: list[str],
-                              range_estimator: str = "moving_average") -> Artifact:
+                              range_estimator: str = DEFAULT_RANGES) -> Artifact:
         float_model, precision = self._source(float_model, precision)
         return self._noted(Artifact(model=self._quantized(float_model.model, precision, scopes, range_estimator),
                                     precision=precision))
 
     def _quantized(self, source: bytes, precision: str, keep: list[str],
-                   range_estimator: str = "moving_average") -> bytes:
+                   range_estimator: str = DEFAULT_RANGES) -> bytes:
         """`precision` of `source` with the `keep` op scopes float32; for XNNPACK's int8 forms also the ops
         XNNPACK runs in float but not in that int8 form (dynamic int8's DEPTHWISE_CONV_2D, static int8's
         SOFTMAX, GELU ...), kept float32 when that measures faster (the accuracy-aware rounds' variants too)."""

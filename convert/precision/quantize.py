@@ -46,6 +46,7 @@ def recipe_for(precision: str):
 
 # How static int8 sets each activation's range from the calibration rows (int8_ranges.py finds
 # what the first one clips; the accuracy-aware rounds try the other):
+DEFAULT_RANGES = "moving_average"  # RANGE_ESTIMATORS key: ai-edge-quantizer's own
 RANGE_ESTIMATORS = {
     "moving_average": "ai-edge-quantizer's default: a moving average (smoothing 0.95) of each row's min/max",
     "min_max": "the exact min/max over all calibration rows (no calibration value is clipped)",
@@ -55,7 +56,7 @@ RANGE_ESTIMATORS = {
 def quantize(float_model: bytes, precision: str,
              calibration: list[dict[str, np.ndarray]] | dict[str, list[dict[str, np.ndarray]]] | None = None,
              signature: str = "serving_default", keep_float: Sequence[str] = (),
-             range_estimator: str = "moving_average") -> bytes:
+             range_estimator: str = DEFAULT_RANGES) -> bytes:
     """keep_float: op scopes (an op's output tensor names, as ai-edge-quantizer matches them)
     left in float32: a per-op no_quantize entry after the precision's recipe (the last match wins).
     range_estimator: RANGE_ESTIMATORS key (static int8)."""
