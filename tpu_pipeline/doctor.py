@@ -63,5 +63,5 @@ def diagnose(device: str = "auto") -> dict:
         f"problems: {'; '.join(problems)}" if problems
         else f"ok: {plat.kind} ({plat.name}), torch.compile backend {plat.compile_backend}, {pallas}"
     )
-    report["seconds"] = round(time.perf_counter() - t0, 2)
+    report["seconds"] = round(time.perf_counter() - t0, 3)
     return report

@@ -44,7 +44,9 @@ def test_doctor_json_names_the_device():
     assert report["pallas"]["mode"] == "interpret"
     assert report["versions"]["torch"].startswith("2.")
     assert report["verdict"].startswith("ok")
-    assert report["seconds"] > 0  # measured and reported; how long depends on the box, so not bounded here
+    # measured and reported; how long depends on the box (a warm in-process run can take under a
+    # millisecond), so only its type and sign are checked
+    assert isinstance(report["seconds"], float) and report["seconds"] >= 0
 
 
 def test_bad_device_is_one_line_exit_2():
